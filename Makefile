@@ -1,0 +1,29 @@
+# The task runner behind the README's commands.  `make help` lists the targets.
+VENV ?= .venv
+PY    := $(VENV)/bin/python
+STAMP := $(VENV)/.labkit-setup
+SIZE  ?= auto
+
+.PHONY: help setup lab test notebooks doctor clean
+help:  ## list targets
+	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+setup: $(STAMP)  ## create .venv, install torch (CPU build without a GPU), labkit, kernel 'labkit'
+$(STAMP): pyproject.toml scripts/setup.sh
+	LABKIT_VENV=$(VENV) bash scripts/setup.sh
+	@touch $@
+
+lab: setup  ## open the workbook in JupyterLab on localhost (token auth on)
+	$(PY) -m jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=notebooks
+
+test: setup  ## run the whole test suite (unit tests + every notebook in smoke mode)
+	$(PY) -m pytest
+
+notebooks: setup  ## execute every notebook headless: copies + HTML in build/ (SIZE=auto|smoke|full)
+	$(PY) -m labkit notebooks --size $(SIZE) --out build
+
+doctor: setup  ## describe this machine and check the environment
+	$(PY) -m labkit doctor
+
+clean:  ## remove build outputs (keeps .venv)
+	rm -rf build .pytest_cache

@@ -1,0 +1,49 @@
+"""The `labkit` command: ``labkit doctor | notebooks | ...`` (also ``python -m labkit``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from labkit import doctor
+
+    return doctor.main()
+
+
+def _notebooks(args: argparse.Namespace) -> int:
+    from labkit import notebooks
+
+    results = notebooks.run_all(size=args.size, out_dir=args.out, kernel=args.kernel,
+                                html=not args.no_html, only=args.only)
+    failed = [r for r in results if not r.ok]
+    for r in results:
+        print(f"{'ok  ' if r.ok else 'FAIL'} {r.name:<32} {r.seconds:7.1f} s  {r.error or ''}")
+    return 1 if failed else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="labkit", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("doctor", help="check the environment and describe the hardware")
+    p.set_defaults(func=_doctor)
+
+    p = sub.add_parser("notebooks", help="execute every notebook headless (copies + HTML in build/)")
+    p.add_argument("--size", default="auto", help="smoke | full | auto (default auto)")
+    p.add_argument("--out", default="build", help="output folder (default build/)")
+    p.add_argument("--kernel", default="labkit", help="Jupyter kernel name (default labkit)")
+    p.add_argument("--no-html", action="store_true", help="skip the HTML export")
+    p.add_argument("--only", nargs="*", default=None, help="notebook name prefixes, e.g. 00 02")
+    p.set_defaults(func=_notebooks)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

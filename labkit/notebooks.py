@@ -1,0 +1,82 @@
+"""Run the workbook's notebooks headless with papermill (used by the CLI and the tests)."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+NOTEBOOK_DIR = REPO / "notebooks"
+KERNEL_NAME = "labkit"
+
+
+def discover(directory: Path = NOTEBOOK_DIR) -> list[Path]:
+    """Every ``NN_topic.ipynb`` in `directory`, in chapter order."""
+    return sorted(p for p in directory.glob("*.ipynb") if not p.name.startswith("."))
+
+
+def ensure_kernel(name: str = KERNEL_NAME) -> None:
+    """Register a Jupyter kernel `name` for this Python if none exists yet.
+
+    `make setup` registers it already; this keeps the tests and the CLI working in
+    an environment that was set up by hand.
+    """
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    try:
+        KernelSpecManager().get_kernel_spec(name)
+    except NoSuchKernel:
+        from ipykernel.kernelspec import install
+
+        install(kernel_name=name, display_name=f"Python ({name})", prefix=sys.prefix)
+
+
+@dataclasses.dataclass
+class RunResult:
+    name: str
+    ok: bool
+    seconds: float
+    output: Path
+    error: str | None = None
+
+
+def run_notebook(path: Path, out_dir: Path, *, size: str = "smoke", kernel: str = KERNEL_NAME,
+                 timeout_s: float = 600, html: bool = False) -> RunResult:
+    """Execute one notebook with SIZE=`size`; the executed copy goes to `out_dir`.
+
+    Raises papermill's PapermillExecutionError on a cell error (the message names
+    the failing cell and exception); `timeout_s` is the per-cell limit in seconds.
+    """
+    import papermill as pm
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / path.name
+    t0 = time.perf_counter()
+    pm.execute_notebook(str(path), str(out), parameters={"SIZE": size}, kernel_name=kernel,
+                        execution_timeout=timeout_s, cwd=str(path.parent), progress_bar=False)
+    if html:
+        from nbconvert import HTMLExporter
+
+        body, _ = HTMLExporter().from_filename(str(out))
+        out.with_suffix(".html").write_text(body, encoding="utf-8")
+    return RunResult(path.stem, True, time.perf_counter() - t0, out)
+
+
+def run_all(size: str = "auto", out_dir: str | Path = "build", kernel: str = KERNEL_NAME,
+            html: bool = True, only: list[str] | None = None) -> list[RunResult]:
+    """Execute every notebook (or those whose name starts with one of `only`)."""
+    ensure_kernel(kernel)
+    results = []
+    for path in discover():
+        if only and not any(path.name.startswith(p) for p in only):
+            continue
+        t0 = time.perf_counter()
+        try:
+            results.append(run_notebook(path, Path(out_dir), size=size, kernel=kernel, html=html))
+        except Exception as exc:  # report every notebook, then fail at the end
+            msg = str(exc).strip().splitlines()
+            results.append(RunResult(path.stem, False, time.perf_counter() - t0,
+                                     Path(out_dir) / path.name, msg[-1] if msg else repr(exc)))
+    return results

@@ -1,0 +1,56 @@
+"""Every notebook runs headless in smoke mode; committed notebooks are clean.
+
+New notebooks in notebooks/ are picked up automatically. Executed copies go to build/.
+"""
+
+from pathlib import Path
+
+import nbformat
+import papermill as pm
+import pytest
+
+from labkit import notebooks
+
+NOTEBOOKS = notebooks.discover()
+BUILD = Path(__file__).resolve().parent.parent / "build"
+PER_NOTEBOOK_TIMEOUT_S = 300
+
+
+def test_there_are_notebooks():
+    assert NOTEBOOKS, "no notebooks found in notebooks/"
+
+
+@pytest.fixture(scope="session")
+def kernel():
+    notebooks.ensure_kernel(notebooks.KERNEL_NAME)
+    return notebooks.KERNEL_NAME
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_committed_notebook_is_clean(path):
+    nb = nbformat.read(path, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code, "a notebook without code cells"
+    assert "parameters" in code[0].metadata.get("tags", []), "first code cell must be tagged 'parameters'"
+    assert 'SIZE = "auto"' in code[0].source and 'DEVICE = "auto"' in code[0].source
+    for cell in code:
+        assert not cell.outputs and cell.execution_count is None, "commit notebooks without outputs"
+    assert nb.metadata.get("kernelspec", {}).get("name") == notebooks.KERNEL_NAME
+
+
+@pytest.mark.timeout(PER_NOTEBOOK_TIMEOUT_S)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_runs_in_smoke_mode(path, kernel):
+    result = notebooks.run_notebook(path, BUILD, size="smoke", kernel=kernel,
+                                    timeout_s=PER_NOTEBOOK_TIMEOUT_S)
+    assert result.output.exists()
+
+
+@pytest.mark.timeout(120)
+def test_bad_size_fails_with_the_allowed_values(kernel, tmp_path):
+    first = NOTEBOOKS[0]
+    with pytest.raises(pm.PapermillExecutionError) as err:
+        pm.execute_notebook(str(first), str(tmp_path / first.name), parameters={"SIZE": "huge"},
+                            kernel_name=kernel, cwd=str(first.parent), progress_bar=False)
+    msg = str(err.value)
+    assert "huge" in msg and all(c in msg for c in ("smoke", "full", "auto"))
