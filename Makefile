@@ -13,8 +13,11 @@ $(STAMP): pyproject.toml scripts/setup.sh
 	LABKIT_VENV=$(VENV) bash scripts/setup.sh
 	@touch $@
 
+# Jupyter refuses to run as root unless told; containers and cloud VMs often are root.
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
+
 lab: setup  ## open the workbook in JupyterLab on localhost (token auth on)
-	$(PY) -m jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=notebooks
+	$(PY) -m jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=notebooks $(ROOT_FLAG)
 
 test: setup  ## run the whole test suite (unit tests + every notebook in smoke mode)
 	$(PY) -m pytest
