@@ -23,6 +23,12 @@ def _notebooks(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from labkit.bench import cli as bench_cli
+
+    return bench_cli.main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="labkit", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -37,6 +43,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-html", action="store_true", help="skip the HTML export")
     p.add_argument("--only", nargs="*", default=None, help="notebook name prefixes, e.g. 00 02")
     p.set_defaults(func=_notebooks)
+
+    p = sub.add_parser("bench", help="measure this machine: bandwidth, matmul, overhead, kernel zoo (JSON)")
+    p.add_argument("--quick", action="store_true", help="smoke sizes (about a minute on 2 CPU cores)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | mps (default auto)")
+    p.add_argument("--out", default=None, help="JSON path (default build/bench/<device>-<threads>t.json)")
+    p.add_argument("--check", action="store_true", help="only compare labkit with numpy / torch.matmul")
+    p.set_defaults(func=_bench)
     return parser
 
 

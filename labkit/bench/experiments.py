@@ -1,0 +1,71 @@
+"""The chapter-2 experiments: thread scaling (C3) and utilisation under load (C5)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+
+import torch
+
+from labkit import device as _device
+from labkit.bench import zoo
+from labkit.bench.core import Result, run_kernel
+from labkit.device import Telemetry, TelemetryTrace
+
+
+def thread_scaling(device: torch.device | str = "cpu", *, gemm_n: int = 768, stream_bytes: int,
+                   max_threads: int | None = None) -> dict[str, dict[str, Result]]:
+    """C3 on one machine: a compute-bound GEMM and a memory-bound triad at 1 thread and at
+    `max_threads` (default: all logical CPUs). More cores add FLOP/s; they add far less
+    bandwidth, so the triad should speed up less. Returns {kernel: {"1": r, "all": r}}."""
+    dev = _device.pick(device)
+    if dev.type != "cpu":
+        raise ValueError(f"thread scaling is a CPU experiment; got device {dev}")
+    top = max_threads or os.cpu_count() or 1
+    n = stream_bytes // (3 * zoo.itemsize("fp32"))
+    out: dict[str, dict[str, Result]] = {"gemm": {}, "triad": {}}
+    for label, k in (("1", 1), ("all", top)):
+        out["gemm"][label] = run_kernel("gemm", device=dev, group="c3", n_threads=k, warmup=1, repeat=5,
+                                        m=gemm_n, n=gemm_n, k=gemm_n)
+        out["triad"][label] = run_kernel("triad", device=dev, group="c3", n_threads=k, warmup=2, repeat=7, n=n)
+    return out
+
+
+@dataclasses.dataclass
+class LoadRun:
+    """A kernel run back-to-back for a while under `Telemetry`: achieved rates and the trace."""
+
+    name: str
+    shape: dict[str, int]
+    calls: int
+    seconds: float
+    flop_per_s: float
+    bytes_per_s: float
+    trace: TelemetryTrace
+
+
+def under_telemetry(name: str, seconds: float, *, dtype: str = "fp32", device: torch.device | str = "auto",
+                    interval_s: float = 0.1, **shape: int) -> LoadRun:
+    """Run zoo kernel `name` in a loop for ~`seconds` s while sampling utilisation (C5)."""
+    if not seconds > 0:
+        raise ValueError(f"seconds must be > 0, got {seconds!r}")
+    dev = _device.pick(device)
+    kernel = zoo.get(name)
+    with torch.inference_mode():
+        fn = kernel.build(dtype, dev, **shape)
+        fn()
+        _device.synchronize(dev)
+        calls = 0
+        with Telemetry(interval_s=interval_s) as tel:
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < seconds:
+                fn()
+                calls += 1
+                if dev.type != "cpu" and calls % 16 == 0:
+                    _device.synchronize(dev)  # keep the host from racing ahead of the GPU
+            _device.synchronize(dev)
+            elapsed = time.perf_counter() - t0
+    flops, nbytes = kernel.flops(**shape), kernel.bytes(zoo.itemsize(dtype), **shape)
+    return LoadRun(name, dict(shape), calls, elapsed, calls * flops / elapsed, calls * nbytes / elapsed,
+                   tel.trace)

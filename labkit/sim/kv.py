@@ -1,0 +1,116 @@
+"""The KV-cache memory model: capacity, allocation (contiguous or paged), admission.
+
+Memory is counted in blocks. `paged` blocks hold `block_size` tokens and are taken one
+at a time as a sequence grows (vLLM's PagedAttention). `contiguous` reserves, at
+admission, room for `max_len` tokens per sequence (how servers without paging size
+their buffers) in 1-token blocks, so nothing grows and nothing is preempted, but most
+of the reservation sits empty. The engine does the per-step growth bookkeeping; this
+class holds the counts and the admission rule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+MODES = ("paged", "contiguous")
+
+
+def kv_bytes_per_token(config: Any, dtype_bytes: int = 2) -> int:
+    """KV bytes one token adds: 2 (K, V) · layers · kv_heads · head_dim · dtype_bytes.
+
+    `config` is a `labkit.model.ModelConfig`, a `labkit.roofline.DecoderShape`, or a dict
+    with keys layers, kv_heads, head_dim.
+    """
+    get = (lambda *names: next(config[n] for n in names if n in config)) if isinstance(config, dict) \
+        else (lambda *names: next(getattr(config, n) for n in names if hasattr(config, n)))
+    try:
+        return 2 * get("layers", "n_layers") * get("kv_heads", "n_kv_heads") * get("head_dim") * dtype_bytes
+    except StopIteration:
+        raise ValueError("config needs layers/n_layers, kv_heads/n_kv_heads and head_dim") from None
+
+
+def capacity_tokens(memory_bytes: float, weight_bytes: float, bytes_per_token: int,
+                    utilization: float = 0.9) -> int:
+    """Tokens of KV cache that fit: (utilization·memory − weights) / bytes per token.
+
+    utilization leaves headroom for activations and the runtime, like vLLM's
+    --gpu-memory-utilization."""
+    if not 0 < utilization <= 1:
+        raise ValueError(f"utilization must be in (0, 1], got {utilization!r}")
+    free = utilization * memory_bytes - weight_bytes
+    if free <= 0 or bytes_per_token <= 0:
+        raise ValueError(f"no room for a KV cache: {utilization}·{memory_bytes:.3g} B memory − "
+                         f"{weight_bytes:.3g} B weights = {free:.3g} B")
+    return int(free // bytes_per_token)
+
+
+@dataclasses.dataclass
+class KVCache:
+    """KV memory of `capacity` tokens, managed `mode`-wise ("paged" | "contiguous").
+
+    block_size: tokens per block (paged). max_len: tokens reserved per sequence (contiguous)
+    and the longest prompt + output accepted. watermark: fraction of blocks kept free at
+    admission (paged), so running sequences can grow before anyone is preempted.
+    """
+
+    capacity: int
+    mode: str = "paged"
+    block_size: int = 16
+    max_len: int = 4096
+    watermark: float = 0.01
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"KV mode {self.mode!r} unknown; choose one of {', '.join(MODES)}")
+        if self.block_size < 1 or self.max_len < 1 or self.capacity < 1:
+            raise ValueError(f"capacity ({self.capacity}), block_size ({self.block_size}) and max_len "
+                             f"({self.max_len}) must be >= 1 token")
+        if not 0 <= self.watermark < 1:
+            raise ValueError(f"watermark must be in [0, 1), got {self.watermark!r}")
+        self.paged = self.mode == "paged"
+        self.unit = self.block_size if self.paged else 1  # tokens per block
+        self.total = self.capacity // self.unit  # blocks
+        self.free = self.total
+        self.reserve_min = int(self.watermark * self.total) if self.paged else 0
+
+    def blocks_for(self, tokens: int) -> int:
+        """Blocks a sequence holding `tokens` tokens occupies."""
+        return -(-tokens // self.unit) if self.paged else self.max_len
+
+    def fits_alone(self, tokens: int) -> str | None:
+        """None if a sequence that reaches `tokens` tokens can ever run, else the reason."""
+        if tokens > self.max_len:
+            return f"prompt + output = {tokens} tokens > max_len {self.max_len}"
+        if self.blocks_for(tokens) > self.total:
+            return f"needs {tokens} tokens of KV > capacity {self.total * self.unit}"
+        return None
+
+    def can_admit(self, tokens: int, final_tokens: int = 0) -> bool:
+        """Room to admit a sequence with `tokens` tokens now (keeping the watermark free) and,
+        if `final_tokens` is given, room for it to grow to that length without preemption."""
+        need = self.blocks_for(max(tokens, final_tokens))
+        return self.free - need >= self.reserve_min
+
+    @property
+    def used(self) -> int:
+        """Blocks in use."""
+        return self.total - self.free
+
+    def describe(self) -> str:
+        per = f"blocks of {self.block_size} tokens" if self.paged else f"{self.max_len}-token reservations"
+        return f"{self.mode} KV: {self.total * self.unit} tokens in {per}"
+
+
+def max_concurrency(capacity: int, seq_tokens: int, mode: str, block_size: int = 16, max_len: int = 4096) -> int:
+    """How many sequences of `seq_tokens` tokens fit at once (no watermark)."""
+    kv = KVCache(capacity, mode, block_size, max_len, watermark=0)
+    return kv.total // kv.blocks_for(seq_tokens)
+
+
+def waste_fraction(stored_tokens: float, reserved_blocks: float, unit: int) -> float:
+    """Share of reserved KV memory that holds no token (0..1)."""
+    reserved = reserved_blocks * unit
+    return 1 - stored_tokens / reserved if reserved else 0.0
+
+

@@ -1,0 +1,127 @@
+"""labkit.bench: analytic FLOPs/bytes against hand counts, result rows, JSON, bad input."""
+
+import math
+
+import pytest
+import torch
+
+from labkit import bench
+from labkit.bench import zoo
+
+
+def count(name, dtype="fp32", **shape):
+    k = zoo.get(name)
+    return k.flops(**shape), k.bytes(zoo.itemsize(dtype), **shape)
+
+
+@pytest.mark.parametrize("name, shape, flops, nbytes", [
+    # STREAM, n = 10 fp32: copy reads a writes c; scale 1 FLOP; add 1 FLOP; triad mul + add
+    ("copy", {"n": 10}, 0, 80),
+    ("scale", {"n": 10}, 10, 80),
+    ("add", {"n": 10}, 10, 120),
+    ("triad", {"n": 10}, 20, 120),
+    # GEMM 2x3 @ 3x4: 2·2·3·4 = 48 FLOP; A 6 + B 12 + C 8 = 26 floats = 104 B
+    ("gemm", {"m": 2, "n": 4, "k": 3}, 48, 104),
+    # GEMV 1x8 @ 8x5: 80 FLOP; 8 + 40 + 5 = 53 floats
+    ("gemm", {"m": 1, "n": 5, "k": 8}, 80, 212),
+    ("gelu", {"n": 6}, 48, 48),
+    # 3 rows x 4: x in + y out = 24 floats, plus 1 (rms) or 2 (layer) weight vectors of 4
+    ("rmsnorm", {"rows": 3, "dim": 4}, 48, 112),
+    ("layernorm", {"rows": 3, "dim": 4}, 84, 128),
+    ("softmax", {"rows": 3, "dim": 4}, 60, 96),
+    # decode: 1 query, 2 heads, 1 KV head, head_dim 4, ctx 5: pairs = 2 heads x 5 = 10,
+    # FLOP = 10 x (4·4 + 5) = 210; bytes: q 8 + o 8 + K 20 + V 20 = 56 floats
+    ("attn_decode", {"batch": 1, "heads": 2, "kv_heads": 1, "head_dim": 4, "ctx": 5}, 210, 224),
+    # prefill seq 3 causal: 6 pairs per head x 2 heads x 21 = 252;
+    # Q 3·2·4 = 24, O 24, K 3·1·4 = 12, V 12 -> 72 floats
+    ("attn_prefill", {"batch": 1, "heads": 2, "kv_heads": 1, "head_dim": 4, "seq": 3}, 252, 288),
+])
+def test_analytic_counts_match_hand_counts(name, shape, flops, nbytes):
+    assert count(name, **shape) == (flops, nbytes)
+
+
+def test_bytes_scale_with_dtype_and_int8_gemm_writes_int32():
+    assert count("add", "bf16", n=10)[1] == 60
+    assert count("gemm", "int8", m=2, n=4, k=3)[1] == 6 + 12 + 8 * 4
+
+
+@pytest.mark.parametrize("name, shape", [
+    ("copy", {"n": 64}), ("scale", {"n": 64}), ("add", {"n": 64}), ("triad", {"n": 64}),
+    ("gemm", {"m": 3, "n": 5, "k": 7}), ("gelu", {"n": 64}), ("rmsnorm", {"rows": 4, "dim": 16}),
+    ("layernorm", {"rows": 4, "dim": 16}), ("softmax", {"rows": 4, "dim": 16}),
+    ("attn_decode", {"batch": 2, "heads": 4, "kv_heads": 2, "head_dim": 8, "ctx": 9}),
+    ("attn_prefill", {"batch": 1, "heads": 4, "kv_heads": 4, "head_dim": 8, "seq": 6}),
+])
+def test_every_kernel_runs_and_yields_a_complete_row(name, shape):
+    r = bench.run_kernel(name, device="cpu", warmup=0, repeat=2, **shape)
+    assert r.device == "cpu" and r.dtype == "fp32" and r.threads >= 1 and r.stats["n"] == 2
+    assert r.time_s > 0 and r.bytes > 0
+    assert math.isclose(r.flop_per_s, r.flops / r.time_s)
+    assert math.isclose(r.gb_per_s, r.bytes / r.time_s / 1e9)
+    assert math.isclose(r.intensity, r.flops / r.bytes)
+
+
+def test_kernels_compute_the_right_thing():
+    torch.manual_seed(0)
+    fn = zoo.get("triad").build("fp32", "cpu", n=8)
+    out = fn()  # a = b + 3 c with all arrays 0.5
+    assert torch.allclose(out, torch.full((8,), 0.5 + 3 * 0.5))
+    y = zoo.get("gelu").build("fp32", "cpu", n=32)()
+    assert y.shape == (32,) and torch.isfinite(y).all()
+
+
+def test_report_round_trips_through_json(tmp_path):
+    r = bench.run_kernel("add", device="cpu", warmup=0, repeat=1, n=16)
+    rep = bench.Report(bench.fingerprint("cpu"), [r], ["a note"])
+    back = bench.Report.load(rep.save(tmp_path / "x.json"))
+    assert back.results[0].as_dict() == r.as_dict() and back.notes == ["a note"]
+    fp = back.fingerprint
+    for key in ("device_name", "driver_version", "torch_version", "torch_threads", "date", "llc_bytes"):
+        assert key in fp
+
+
+def test_threads_context_restores_and_validates():
+    before = torch.get_num_threads()
+    with bench.threads(1) as n:
+        assert n == 1 == torch.get_num_threads()
+    assert torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="threads=0"):
+        with bench.threads(0):
+            pass
+
+
+@pytest.mark.parametrize("call, needle", [
+    (lambda: zoo.get("fft"), "'fft'"),
+    (lambda: zoo.itemsize("fp8"), "'fp8'"),
+    (lambda: bench.run_kernel("attn_decode", device="cpu", batch=1, heads=3, kv_heads=2, head_dim=4, ctx=2),
+     "heads=3"),
+])
+def test_bad_input_raises_value_error_naming_it(call, needle):
+    with pytest.raises(ValueError, match=needle):
+        call()
+
+
+def test_sweeps_stop_before_slow_calls_and_cover_the_cache():
+    dev = torch.device("cpu")
+    rows = bench.stream_sweep(dev, min_bytes=2**12, llc_multiple=0.01, points=2, ops=("triad",))
+    assert [r.name for r in rows] == ["triad", "triad"] and rows[0].bytes < rows[1].bytes
+    # a budget of 0 s stops after the first size
+    assert len(bench.matmul_sweep(dev, sizes=[8, 16, 32], dtypes=["fp32"], max_call_s=0.0)) == 1
+    over = bench.dispatch_overhead(dev, ops=10)
+    assert over.shape["ops_per_call"] == 10 and over.flops == 10
+
+
+def test_zoo_shapes_put_memory_bound_kernels_beyond_the_cache():
+    from labkit import presets
+
+    p = presets.sizes("roofline", "smoke")
+    llc = bench.last_level_cache_bytes("cpu")
+    for name, shape in bench.zoo_shapes(torch.device("cpu"), "fp32", 2, p):
+        if name in ("add", "gelu", "rmsnorm", "softmax", "attn_decode") or shape.get("m") == 1:
+            assert zoo.get(name).bytes(4, **shape) >= 1.9 * llc, name
+
+
+def test_under_telemetry_reports_rates_and_a_trace():
+    run = bench.under_telemetry("gemm", 0.2, device="cpu", interval_s=0.05, m=32, n=32, k=32)
+    assert run.calls > 0 and run.flop_per_s > 0 and len(run.trace) >= 1
+    assert "cpu_percent" not in run.trace.unavailable
