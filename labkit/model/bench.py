@@ -1,0 +1,300 @@
+"""Decode benchmark: ``python -m labkit.model.bench [--quick] [--compile] [--cache-demo]``.
+
+On the same weights and config it measures decode tokens/s of labkit and of
+transformers' ``generate()`` (use_cache, greedy, fixed new-token count) at batch 1
+and 8, for the tiny preset (the trained checkpoint when present) and the ~100 M
+``small`` preset, prints the ratios, and the fraction of the memory roofline each
+reaches: (weight bytes + KV bytes read per decode step) / step time, over a read
+bandwidth measured here on a large tensor.
+
+Decode rate = batch · (N − 1) / (t(N new tokens) − t(1 new token)): subtracting a
+1-token generation removes prefill and set-up for both libraries alike.
+
+``--layouts`` times the small preset's linear layers at M = 1 and 8 in three
+memory layouts (why batch 8 reaches a lower share of the roofline on a CPU).
+``--cache-demo`` times 512 new tokens with and without the KV cache.
+transformers is imported only here (and in tests), never by labkit's runtime.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from labkit.model.checkpoint import TINY_DIR, load_tiny
+from labkit.model.generate import generate
+from labkit.model.transformer import Transformer
+from labkit.timing import measure
+
+# ------------------------------------------------------------------ bandwidth
+
+
+def read_bandwidth(nbytes: int = 512 * 2**20, repeat: int = 5) -> dict[str, float]:
+    """Measured DRAM bandwidth in bytes/s: `read` = sum of a large fp32 tensor (reads
+    only, like a decode step reading weights), `copy` = counted read+write bytes of
+    ``dst.copy_(src)`` (write-allocate traffic not counted, so it reads low)."""
+    src = torch.ones(nbytes // 4)
+    dst = torch.empty_like(src)
+    t_read = measure(lambda: src.sum(), warmup=2, repeat=repeat).median
+    t_copy = measure(lambda: dst.copy_(src), warmup=2, repeat=repeat).median
+    return {"read": nbytes / t_read, "copy": 2 * nbytes / t_copy}
+
+
+# ------------------------------------------------------- same weights in HF form
+
+
+def to_hf(model: Transformer):
+    """A transformers LlamaForCausalLM holding exactly `model`'s weights (fp32, eval)."""
+    import transformers
+
+    cfg = model.config
+    hf_cfg = transformers.LlamaConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.dim, intermediate_size=cfg.hidden_dim,
+        num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
+        num_key_value_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
+        max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.norm_eps,
+        rope_theta=cfg.rope_theta, tie_word_embeddings=cfg.tie_embeddings,
+        bos_token_id=None, eos_token_id=None, pad_token_id=0)
+    with torch.device("meta"):
+        hf = transformers.LlamaForCausalLM(hf_cfg)
+    q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    sd = model.state_dict()
+    out = {"model.embed_tokens.weight": sd["tok_embeddings.weight"], "model.norm.weight": sd["norm.weight"],
+           "lm_head.weight": sd["output.weight"]}
+    for i in range(cfg.n_layers):
+        p, s = f"model.layers.{i}.", f"layers.{i}."
+        wq, wk, wv = sd[s + "attention.wqkv.weight"].split([q, kv, kv])
+        gate, up = sd[s + "feed_forward.w13.weight"].chunk(2)
+        out.update({p + "self_attn.q_proj.weight": wq, p + "self_attn.k_proj.weight": wk,
+                    p + "self_attn.v_proj.weight": wv, p + "self_attn.o_proj.weight": sd[s + "attention.wo.weight"],
+                    p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up,
+                    p + "mlp.down_proj.weight": sd[s + "feed_forward.w2.weight"],
+                    p + "input_layernorm.weight": sd[s + "attention_norm.weight"],
+                    p + "post_attention_layernorm.weight": sd[s + "ffn_norm.weight"]})
+    # Row-major copies: transformers gets its weights laid out as it would load them
+    # from a checkpoint, not in labkit's "kn" inference layout.
+    hf.load_state_dict({k: v.clone(memory_format=torch.contiguous_format) for k, v in out.items()},
+                       strict=False, assign=True)
+    if cfg.tie_embeddings:
+        hf.tie_weights()
+    for name, buf in hf.named_buffers():  # rotary inv_freq was built on meta: rebuild on CPU
+        if buf.is_meta:
+            from labkit.model.transformer import rope_inv_freq
+            mod = hf.get_submodule(name.rsplit(".", 1)[0])
+            setattr(mod, name.rsplit(".", 1)[1], rope_inv_freq(cfg.head_dim, cfg.rope_theta))
+            if hasattr(mod, "original_inv_freq"):
+                mod.original_inv_freq = mod.inv_freq
+    hf.generation_config.eos_token_id = None
+    return hf.eval()
+
+
+# -------------------------------------------------------------------- timing
+
+
+def decode_rate(run: Callable[[int], object], batch: int, new_tokens: int, repeat: int) -> dict[str, float]:
+    """tokens/s and s/step of decode, from t(N) − t(1) (seconds, median of `repeat`)."""
+    t_n = measure(lambda: run(new_tokens), warmup=1, repeat=repeat).median
+    t_1 = measure(lambda: run(1), warmup=1, repeat=max(3, repeat)).median
+    step = max(t_n - t_1, 1e-9) / (new_tokens - 1)
+    return {"tok_s": batch / step, "step_s": step, "total_s": t_n}
+
+
+def bytes_per_step(model: Transformer, batch: int, prompt_len: int, new_tokens: int) -> float:
+    """Mean bytes one decode step must read: weights + every sequence's KV so far."""
+    mean_ctx = prompt_len + new_tokens / 2
+    kv = batch * mean_ctx * model.config.kv_bytes_per_token(model.dtype.itemsize)
+    return model.weight_bytes_per_step(batch) + kv
+
+
+def bench_model(name: str, model: Transformer, *, batches: tuple[int, ...], prompt_len: int,
+                new_tokens: int, repeat: int, bw: float, compile_: bool) -> list[dict]:
+    hf = to_hf(model)
+    rows = []
+    g = torch.Generator().manual_seed(0)
+    for b in batches:
+        ids = torch.randint(1, min(model.config.vocab_size, 4096), (b, prompt_len), generator=g)
+        ones = torch.ones_like(ids)
+
+        def ours(n, m=model, static=False):
+            return generate(m, ids, max_new_tokens=n, static_cache=static)
+
+        def theirs(n):
+            with torch.inference_mode():
+                return hf.generate(ids, attention_mask=ones, max_new_tokens=n, min_new_tokens=n,
+                                   do_sample=False, use_cache=True, pad_token_id=0)
+
+        # Same weights must give the same greedy tokens before we time anything.
+        agree = ours(8) == theirs(8)[:, prompt_len:].tolist()
+        need = bytes_per_step(model, b, prompt_len, new_tokens)
+        variants = {"labkit": lambda n: ours(n), "transformers": theirs}
+        compile_s = None
+        if compile_:
+            compiled, compile_s = compiled_model(model, b, prompt_len + new_tokens)
+            variants["labkit+compile"] = lambda n: ours(n, compiled, static=True)
+        res = {k: decode_rate(fn, b, new_tokens, repeat) for k, fn in variants.items()}
+        for k, r in res.items():
+            r["roofline"] = need / r["step_s"] / bw
+        rows.append({"model": name, "params": model.num_params(), "batch": b, "agree": agree,
+                     "bytes_per_step": need, "compile_s": compile_s, **{
+                         f"{k}_{f}": v for k, r in res.items() for f, v in r.items()}})
+        line = f"{name:>6} b={b}: " + "  ".join(
+            f"{k} {r['tok_s']:7.1f} tok/s ({100 * r['roofline']:4.0f}% roofline)" for k, r in res.items())
+        line += f"  ratio {res['labkit']['tok_s'] / res['transformers']['tok_s']:.2f}x"
+        if compile_:
+            line += (f"  compile-ratio {res['labkit+compile']['tok_s'] / res['transformers']['tok_s']:.2f}x"
+                     f" (compile {compile_s:.1f} s)")
+        print(line + ("" if agree else "  [WARNING: greedy tokens differ]"), flush=True)
+    return rows
+
+
+def compiled_model(model: Transformer, batch: int, max_len: int) -> tuple[Transformer, float]:
+    """`model` whose decode step is torch.compile'd (static cache shapes); returns it and
+    the compile time in seconds (first prefill + decode calls)."""
+    import copy
+
+    m = copy.copy(model)  # a shallow copy shares the weights; only the decode function differs
+    m.compile_decode(dynamic=False)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        cache = m.new_cache(batch, max_len, static=True)
+        logits = m.prefill(torch.ones(batch, 4, dtype=torch.long), cache)
+        for _ in range(2):
+            logits = m.decode_step(logits.argmax(-1), cache)
+    return m, time.perf_counter() - t0
+
+
+# ----------------------------------------------------- batch-8 layout experiment
+
+
+def linear_layouts(model: Transformer, ms: tuple[int, ...] = (1, 8), repeat: int = 20) -> list[dict]:
+    """Time every distinct linear shape of `model` at M rows in three layouts:
+    ``F.linear(x, W)`` (W: N×K, what nn.Linear does), ``x @ Wt`` (Wt: K×N contiguous)
+    and ``(W @ x.T).T`` (GEMV-like: weights stream once per row block). Reports
+    seconds per call and the achieved weight-read bandwidth (bytes/s)."""
+    shapes = sorted({tuple(mod.weight.shape) for mod in model.modules() if isinstance(mod, torch.nn.Linear)})
+    rows = []
+    with torch.inference_mode():
+        for n, k in shapes:
+            w = torch.randn(n, k)
+            wt = w.t().contiguous()
+            for m in ms:
+                x = torch.randn(m, k)
+                ways = {"F.linear(x,W)": lambda: F.linear(x, w), "x@Wt": lambda: x @ wt,
+                        "(W@x.T).T": lambda: (w @ x.t()).t()}
+                for way, fn in ways.items():
+                    t = measure(fn, warmup=3, repeat=repeat).median
+                    rows.append({"N": n, "K": k, "M": m, "layout": way, "s": t, "GB_s": w.numel() * 4 / t / 1e9})
+    return rows
+
+
+# -------------------------------------------------------------------- profile
+
+
+def profile_decode(model: Transformer, batch: int, steps: int = 32, prompt_len: int = 16,
+                   rows: int = 15) -> str:
+    """torch.profiler table (ops sorted by self CPU time) of `steps` labkit decode steps."""
+    from torch.profiler import profile
+
+    ids = torch.randint(1, model.config.vocab_size, (batch, prompt_len),
+                        generator=torch.Generator().manual_seed(0))
+    generate(model, ids, max_new_tokens=steps)  # warm-up
+    with profile() as prof:
+        generate(model, ids, max_new_tokens=steps)
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)
+
+
+# ------------------------------------------------------------------ cache demo
+
+
+def cache_demo(model: Transformer, new_tokens: int = 512, prompt_len: int = 16) -> dict[str, float]:
+    """Seconds to generate `new_tokens` greedily with and without the KV cache."""
+    ids = torch.randint(1, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(0))
+    out = {}
+    for use_cache in (True, False):
+        t0 = time.perf_counter()
+        toks = generate(model, ids, max_new_tokens=new_tokens, use_cache=use_cache)
+        out["cache_s" if use_cache else "nocache_s"] = time.perf_counter() - t0
+        out["tokens_cache" if use_cache else "tokens_nocache"] = toks
+    same = out.pop("tokens_cache") == out.pop("tokens_nocache")
+    return {**out, "speedup": out["nocache_s"] / out["cache_s"], "identical": same,
+            "new_tokens": new_tokens}
+
+
+# ------------------------------------------------------------------------ main
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m labkit.model.bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer tokens and repeats (~1 min)")
+    ap.add_argument("--presets", default="tiny,small", help="comma-separated presets to time")
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--new-tokens", type=int, default=None, help="decode steps timed (default 64, quick 24)")
+    ap.add_argument("--prompt-len", type=int, default=16)
+    ap.add_argument("--compile", action="store_true", help="also time a torch.compile'd decode step")
+    ap.add_argument("--compile-presets", default="tiny",
+                    help="presets the compile variant runs on (each batch compiles anew, ~45 s on 2 cores)")
+    ap.add_argument("--layouts", action="store_true", help="time small's linears in three layouts")
+    ap.add_argument("--cache-demo", action="store_true", help="KV cache vs use_cache=False at 512 tokens")
+    ap.add_argument("--cache-demo-tokens", type=int, default=512)
+    ap.add_argument("--profile", action="store_true", help="print an op profile of labkit decode")
+    ap.add_argument("--json", default=None, help="write all figures to this JSON file")
+    args = ap.parse_args(argv)
+    new_tokens = args.new_tokens or (24 if args.quick else 64)
+    repeat = 3 if args.quick else 5
+    batches = tuple(int(b) for b in args.batches.split(","))
+
+    from labkit.device import describe
+    info = describe("cpu")
+    print(f"{info.name}, {info.torch_threads} torch threads, torch {info.torch_version}")
+    bw = read_bandwidth(256 * 2**20 if args.quick else 512 * 2**20)
+    print(f"measured bandwidth: read {bw['read'] / 1e9:.1f} GB/s, copy {bw['copy'] / 1e9:.1f} GB/s "
+          f"(roofline below uses read)", flush=True)
+    results: dict = {"device": info.name, "threads": info.torch_threads, "bandwidth": bw,
+                     "new_tokens": new_tokens, "prompt_len": args.prompt_len, "rows": []}
+    for name in args.presets.split(","):
+        if name == "tiny" and (TINY_DIR / "model.safetensors").is_file():
+            model, label = load_tiny(), "tiny (trained)"
+        else:
+            model, label = Transformer.from_preset(name), f"{name} (random)"
+        # Re-measured next to each model: on a shared machine the ceiling moves too.
+        bw = read_bandwidth(256 * 2**20 if args.quick else 512 * 2**20)
+        results.setdefault("bandwidth_per_preset", {})[name] = bw
+        print(f"-- {label}: {model.num_params() / 1e6:.1f} M params, "
+              f"{model.weight_bytes_per_step() / 1e6:.1f} MB weights read per step; "
+              f"read bandwidth now {bw['read'] / 1e9:.1f} GB/s", flush=True)
+        results["rows"] += bench_model(name, model, batches=batches, prompt_len=args.prompt_len,
+                                       new_tokens=new_tokens, repeat=repeat, bw=bw["read"],
+                                       compile_=args.compile and name in args.compile_presets.split(","))
+        if args.layouts and name == "small":
+            rows = linear_layouts(model, repeat=10 if args.quick else 20)
+            results["layouts"] = rows
+            print("   linear layouts (weight GB/s; N x K, M rows):")
+            for r in rows:
+                print(f"     {r['N']:>6}x{r['K']:<5} M={r['M']}  {r['layout']:<14} {r['s'] * 1e3:7.3f} ms "
+                      f"{r['GB_s']:6.1f} GB/s")
+        if args.profile:
+            for b in batches:
+                print(f"   profile of labkit decode, {name}, batch {b}:")
+                print(profile_decode(model, b))
+        del model
+    if args.cache_demo:
+        model = load_tiny() if (TINY_DIR / "model.safetensors").is_file() else Transformer.from_preset("tiny")
+        n = 128 if args.quick else args.cache_demo_tokens
+        d = cache_demo(model, new_tokens=n)
+        results["cache_demo"] = d
+        print(f"-- KV cache demo (tiny, {n} new tokens): cache {d['cache_s']:.2f} s, "
+              f"no cache {d['nocache_s']:.2f} s, speed-up {d['speedup']:.1f}x, "
+              f"identical tokens: {d['identical']}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

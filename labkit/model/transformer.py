@@ -1,0 +1,367 @@
+"""A Llama-architecture decoder in plain PyTorch, readable top to bottom.
+
+Layout (same maths as Hugging Face's LlamaForCausalLM, so its checkpoints load
+without any weight permutation):
+
+    tokens -> embedding -> n_layers x [x + Attn(RMSNorm(x)); x + SwiGLU(RMSNorm(x))]
+           -> RMSNorm -> output projection (tied to the embedding or not) -> logits
+
+Two choices that cut the op count per decode step (a 4-layer model is
+overhead-bound, so every small op counts):
+
+* q, k, v come from one fused matmul (``wqkv``) and gate/up from one (``w13``);
+* RoPE is applied to q and k in one call (they are adjacent in ``wqkv``'s output),
+  with the rotate-half convention HF Llama uses.
+
+Inference goes through a static `KVCache`; `prefill()` runs a prompt (or a chunk
+of one) and `decode_step()` one token per sequence. `forward()` is the cache-free
+full-sequence pass used for training, perplexity and the ``use_cache=False`` demo.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from labkit.model.config import ModelConfig, get_config
+
+
+WEIGHT_LAYOUTS = ("nk", "kn")
+# Layout the inference constructors (from_preset, load_checkpoint, load_hf_llama) pick;
+# see Transformer.set_weight_layout for the measurement behind it.
+INFERENCE_LAYOUT = "kn"
+
+
+class KVCache:
+    """Static, preallocated key/value cache with per-sequence lengths.
+
+    `k` and `v` have shape ``(n_layers, batch, n_kv_heads, max_len + 1, head_dim)``:
+    layer ``i`` is the usual ``(batch, kv_heads, max_len, head_dim)`` block plus one
+    spare slot at index `max_len` that soaks up writes from padding tokens (so a
+    right-padded batch never needs data-dependent shapes). `lengths[b]` is how many
+    tokens sequence ``b`` holds; the next token of ``b`` goes to slot ``lengths[b]``.
+
+    `filled` is ``max(lengths)`` kept on the host, so eager attention reads only the
+    filled prefix without a device sync. With ``static=True`` attention always reads
+    all `max_len` slots (masking the unused ones): every step has the same shapes,
+    which is what CUDA graphs and ``torch.compile`` without recompiles need.
+    """
+
+    def __init__(self, cfg: ModelConfig, batch: int, max_len: int, *,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                 static: bool = False):
+        if batch < 1 or max_len < 1:
+            raise ValueError(f"KVCache needs batch >= 1 and max_len >= 1, got {batch}, {max_len}")
+        shape = (cfg.n_layers, batch, cfg.n_kv_heads, max_len + 1, cfg.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
+        self.batch, self.max_len, self.static = batch, max_len, static
+        self.filled = 0
+
+    def reset(self) -> None:
+        """Empty the cache (contents are left in place; lengths go to 0)."""
+        self.lengths.zero_()
+        self.filled = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes allocated for keys and values."""
+        return self.k.numel() * self.k.element_size() * 2
+
+    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `i`'s (k, v) blocks, each (batch, kv_heads, max_len, head_dim)."""
+        return self.k[i, :, :, : self.max_len], self.v[i, :, :, : self.max_len]
+
+
+def rope_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
+    """RoPE inverse frequencies (rad/token), computed exactly as HF Llama does."""
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+
+
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor,
+                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and *signed* sin, each (B, T, 1, head_dim), for integer `positions` (B, T).
+
+    The sign of rotate-half (``cat(-x2, x1)``) is folded into the first half of sin,
+    so `apply_rope` needs a single `roll` instead of chunk + neg + cat.
+    """
+    freqs = positions.float()[..., None] * inv_freq  # fp32 like HF, whatever the model dtype
+    cos = torch.cat((freqs, freqs), dim=-1).cos()
+    sin = freqs.sin()
+    sin = torch.cat((-sin, sin), dim=-1)
+    return cos[:, :, None, :].to(dtype), sin[:, :, None, :].to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate `x` (B, T, heads, head_dim) by position, rotate-half convention (HF Llama):
+    x·cos + cat(−x2, x1)·sin, written as x·cos + roll(x, D/2)·signed_sin."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.layer_idx = layer_idx
+        self.wqkv = nn.Linear(cfg.dim, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim, bias=False)
+        self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                kv: tuple[torch.Tensor, torch.Tensor] | None, idx: torch.Tensor | None,
+                mask: torch.Tensor | None, kv_len: int) -> torch.Tensor:
+        B, T, _ = x.shape
+        H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
+        qkv = self.wqkv(x).view(B, T, H + 2 * Hkv, D)
+        qk = apply_rope(qkv[:, :, : H + Hkv], cos, sin)
+        q = qk[:, :, :H].transpose(1, 2)  # (B, H, T, D)
+        k = qk[:, :, H:].transpose(1, 2)  # (B, Hkv, T, D)
+        v = qkv[:, :, H + Hkv:].transpose(1, 2)
+        if kv is None:
+            # Training / no-cache path: plain causal attention over this sequence.
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=H != Hkv)
+        else:
+            kc, vc = kv[0][self.layer_idx], kv[1][self.layer_idx]
+            kc.scatter_(2, idx, k)
+            vc.scatter_(2, idx, v)
+            # Grouped-query attention without copying K/V: fold the n_rep query heads
+            # that share a KV head into the query-length axis (the mask was folded alike).
+            q = q.reshape(B, Hkv, (H // Hkv) * T, D)
+            y = F.scaled_dot_product_attention(q, kc[:, :, :kv_len], vc[:, :, :kv_len],
+                                               attn_mask=mask)
+            y = y.view(B, H, T, D)
+        return self.wo(y.transpose(1, 2).reshape(B, T, H * D))
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: w2(silu(x W_gate) * (x W_up)), gate and up fused into one matmul (w13)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.w13 = nn.Linear(cfg.dim, 2 * cfg.hidden_dim, bias=False)
+        self.w2 = nn.Linear(cfg.hidden_dim, cfg.dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.w13(x).chunk(2, dim=-1)
+        return self.w2(F.silu(gate) * up)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # HF's LlamaRMSNorm maths (statistics in fp32). Written out rather than
+        # F.rms_norm: on CPU that op costs ~45 µs on a 256-wide row vs ~12 µs here.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.attention = Attention(cfg, layer_idx)
+        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.feed_forward = FeedForward(cfg)
+
+    def forward(self, x, cos, sin, kv, idx, mask, kv_len):
+        x = x + self.attention(self.attention_norm(x), cos, sin, kv, idx, mask, kv_len)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Transformer(nn.Module):
+    """The decoder. Build with ``Transformer(cfg)`` or ``Transformer.from_preset("tiny")``."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta), persistent=False)
+        self.weight_layout = "nk"
+
+    @classmethod
+    def from_preset(cls, name: str, *, seed: int = 0, dtype: torch.dtype = torch.float32,
+                    device: torch.device | str = "cpu", **overrides) -> "Transformer":
+        """A randomly initialised model of preset `name` (see `labkit.model.config.PRESETS`)."""
+        torch.manual_seed(seed)
+        model = cls(get_config(name, **overrides))
+        model.init_weights()
+        return model.to(device=device, dtype=dtype).eval().set_weight_layout(INFERENCE_LAYOUT)
+
+    def init_weights(self, std: float = 0.02) -> None:
+        """GPT-2-style init: N(0, std), residual output projections scaled by 1/sqrt(2·layers)."""
+        resid_std = std / math.sqrt(2 * self.config.n_layers)
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight"):
+                nn.init.ones_(p)
+            elif name.endswith(("wo.weight", "w2.weight")):
+                nn.init.normal_(p, 0.0, resid_std)
+            else:
+                nn.init.normal_(p, 0.0, std)
+
+    def num_params(self) -> int:
+        """Parameter count (a tied embedding counted once, even in the "kn" layout)."""
+        n = sum(p.numel() for p in self.parameters())
+        if self.config.tie_embeddings and self.output.weight is not self.tok_embeddings.weight:
+            n -= self.output.weight.numel()  # the "kn" layout's private copy of the tied matrix
+        return n
+
+    def set_weight_layout(self, layout: str) -> "Transformer":
+        """Store every linear layer's weight as "nk" (PyTorch's default: N×K row-major) or
+        "kn" (the same N×K parameter as a transposed view of a K×N row-major block).
+
+        Why: ``F.linear(x, W)`` multiplies by ``W.T``; in the "kn" layout ``W.T`` is a
+        contiguous K×N matrix, and the BLAS on some CPUs streams that layout far faster
+        at small batch (measured here: the tiny model's 17 weight matrices at batch 1,
+        1.75 ms "nk" vs 0.83 ms "kn"). Values, shapes, names and checkpoints are
+        unchanged. A tied output head gets its own transposed copy (the embedding
+        lookup keeps the row-major table), which costs vocab·dim more memory.
+        """
+        if layout not in WEIGHT_LAYOUTS:
+            raise ValueError(f"weight layout {layout!r} not allowed; choose one of {WEIGHT_LAYOUTS}")
+        tied = self.config.tie_embeddings
+        with torch.no_grad():
+            for mod in self.modules():
+                if not isinstance(mod, nn.Linear) or (mod is self.output and tied):
+                    continue
+                w = mod.weight.detach()
+                mod.weight.data = w.t().contiguous().t() if layout == "kn" else w.contiguous()
+            if tied:
+                emb = self.tok_embeddings.weight
+                self.output.weight = emb if layout == "nk" else nn.Parameter(
+                    emb.detach().t().contiguous().t(), requires_grad=emb.requires_grad)
+        self.weight_layout = layout
+        return self
+
+    def weight_bytes_per_step(self, batch: int = 1) -> int:
+        """Bytes of weights one decode step must read: every matrix once, plus `batch`
+        embedding rows when the embedding is not shared with the output projection."""
+        total = sum(p.numel() * p.element_size() for n, p in self.named_parameters()
+                    if n != "tok_embeddings.weight")
+        w = self.tok_embeddings.weight
+        if self.output.weight is w:
+            total += w.numel() * w.element_size()  # the output head reads it all
+        else:
+            total += batch * w.shape[1] * w.element_size()
+        return total
+
+    @property
+    def device(self) -> torch.device:
+        return self.tok_embeddings.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.tok_embeddings.weight.dtype
+
+    def new_cache(self, batch: int, max_len: int, static: bool = False) -> KVCache:
+        """A `KVCache` matching this model's shape, dtype and device."""
+        return KVCache(self.config, batch, max_len, dtype=self.dtype, device=self.device, static=static)
+
+    # ------------------------------------------------------------------ no-cache pass
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits (B, T, vocab) for every position of `tokens` (B, T), causal, no cache."""
+        B, T = tokens.shape
+        positions = torch.arange(T, device=tokens.device).expand(B, T)
+        cos, sin = rope_cos_sin(positions, self.inv_freq, self.dtype)
+        x = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            x = layer(x, cos, sin, None, None, None, T)
+        return self.output(self.norm(x))
+
+    # ---------------------------------------------------------------- cached passes
+    def prefill(self, tokens: torch.Tensor, cache: KVCache,
+                lengths: torch.Tensor | list[int] | None = None,
+                all_logits: bool = False) -> torch.Tensor:
+        """Append `tokens` (B, T) to `cache` and return next-token logits (B, vocab).
+
+        `lengths[b]` is how many of row b's tokens are real; the rest are right
+        padding, never attended to and never kept. Each row continues where its
+        sequence in the cache stopped (``cache.lengths``), so this also does chunked
+        prefill. With `all_logits` the result is (B, T, vocab), for every position.
+        """
+        B, T = tokens.shape
+        if lengths is None:
+            new_len = torch.full((B,), T, dtype=torch.long, device=tokens.device)
+            host_new_max = T
+        else:
+            new_len = torch.as_tensor(lengths, dtype=torch.long, device=tokens.device)
+            host_new_max = int(new_len.max())
+            if int(new_len.min()) < 1 or host_new_max > T:
+                raise ValueError(f"lengths must lie in [1, {T}] (the padded width), got {new_len.tolist()}")
+        if cache.filled == 0:
+            filled = host_new_max
+        else:  # a chunk after earlier content: rows may differ, so ask the device once
+            filled = int((cache.lengths + new_len).max())
+        self._check_room(cache, filled)
+        x = self._forward_cached(tokens, new_len, cache.k, cache.v, cache.lengths,
+                                 cache.max_len if cache.static else filled, cache.max_len)
+        cache.filled = filled
+        if not all_logits:
+            x = x[torch.arange(B, device=x.device), new_len - 1][:, None]
+            return self.output(self.norm(x))[:, 0]
+        return self.output(self.norm(x))
+
+    def decode_step(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Append one token per sequence (`tokens`: (B,)) and return logits (B, vocab)."""
+        self._check_room(cache, cache.filled + 1)
+        logits = self._decode_fn(tokens, cache.k, cache.v, cache.lengths,
+                                 cache.max_len if cache.static else cache.filled + 1, cache.max_len)
+        cache.filled += 1
+        return logits
+
+    def compile_decode(self, **compile_kwargs) -> None:
+        """Route `decode_step` through ``torch.compile`` (use a ``static=True`` cache so
+        every step has the same shapes and nothing recompiles)."""
+        self._decode_fn = torch.compile(self._decode_logits, **compile_kwargs)
+
+    def __getattr__(self, name: str):
+        if name == "_decode_fn":  # eager unless compile_decode() replaced it
+            return self._decode_logits
+        return super().__getattr__(name)
+
+    @staticmethod
+    def _check_room(cache: KVCache, filled: int) -> None:
+        if filled > cache.max_len:
+            raise ValueError(f"{filled} tokens do not fit the KV cache (max_len={cache.max_len})")
+
+    def _decode_logits(self, tokens, k, v, lengths, kv_len: int, spare: int) -> torch.Tensor:
+        ones = torch.ones_like(tokens)
+        x = self._forward_cached(tokens[:, None], ones, k, v, lengths, kv_len, spare)
+        return self.output(self.norm(x))[:, 0]
+
+    def _forward_cached(self, tokens: torch.Tensor, new_len: torch.Tensor, k: torch.Tensor,
+                        v: torch.Tensor, lengths: torch.Tensor, kv_len: int, spare: int) -> torch.Tensor:
+        """Tensor-only core of the cached passes (no host state, so it compiles whole):
+        writes K/V into `k`, `v`, advances `lengths` in place, returns hidden states."""
+        B, T = tokens.shape
+        if B != lengths.shape[0]:
+            raise ValueError(f"batch of {B} sequences does not match the cache's batch {lengths.shape[0]}")
+        cfg = self.config
+        steps = torch.arange(T, device=tokens.device)
+        positions = lengths[:, None] + steps  # (B, T) absolute positions
+        # Real tokens go to their position's slot; padding goes to the spare slot.
+        slots = torch.where(steps < new_len[:, None], positions, spare)
+        idx = slots[:, None, :, None].expand(B, cfg.n_kv_heads, T, cfg.head_dim)
+        # Query at position p sees keys in slots 0..p (causal; slots past a row's length
+        # are stale or empty and are excluded by the same test).
+        mask = torch.arange(kv_len, device=tokens.device) <= positions[:, :, None]  # (B, T, L)
+        n_rep = cfg.n_rep
+        mask = mask[:, None].expand(B, n_rep, T, kv_len).reshape(B, 1, n_rep * T, kv_len)
+        cos, sin = rope_cos_sin(positions, self.inv_freq, self.dtype)
+        x = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            x = layer(x, cos, sin, (k, v), idx, mask, kv_len)
+        lengths += new_len
+        return x

@@ -1,0 +1,224 @@
+"""Chapter 1's measurements: prefill vs decode, the KV cache, and the verdicts on C1/C2.
+
+Everything here times a `labkit.model.Transformer` or compares those times with the
+analytic transformer roofline (`labkit.roofline.layer_costs`) and with ceilings
+measured on this machine (`measure_roofline`). Units: seconds, bytes, FLOP; rates in
+FLOP/s and bytes/s; intensity in FLOP/byte.
+"""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+from typing import Any, Sequence
+
+import torch
+
+from labkit import device as _device
+from labkit import roofline
+from labkit.bench import Report, fingerprint, itemsize, last_level_cache_bytes, run_kernel
+from labkit.timing import percentile
+
+C2_RANGE = (10.0, 20.0)  # the article's pre+post share of end-to-end latency, %
+
+
+# ----------------------------------------------------------------------- ceilings
+def measure_roofline(device: torch.device | str = "cpu", dtype: str = "fp32", gemm_n: int | None = None,
+                     llc_multiple: float = 4.0) -> roofline.Roofline:
+    """This machine's ceilings, measured quickly: peak = one square GEMM of side `gemm_n`
+    (default 4096 on a GPU, which a smaller one cannot fill, else 1024), bandwidth = the best
+    STREAM op over a working set `llc_multiple` × the last-level cache."""
+    dev = _device.pick(device)
+    gemm_n = gemm_n or (4096 if dev.type == "cuda" else 1024)
+    ws = int(llc_multiple * last_level_cache_bytes(dev))
+    rows = [run_kernel("gemm", dtype=dtype, device=dev, group="matmul", warmup=1, repeat=3,
+                       m=gemm_n, n=gemm_n, k=gemm_n)]
+    for op, arrays in (("copy", 2), ("triad", 3)):
+        rows.append(run_kernel(op, dtype=dtype, device=dev, group="stream", warmup=2, repeat=5,
+                               n=ws // (arrays * itemsize(dtype))))
+    return roofline.Roofline.from_report(Report(fingerprint(dev), rows), dram_multiple=llc_multiple / 2)
+
+
+# ----------------------------------------------------------------------- analytic
+def decoder_shape(cfg: Any, name: str = "model") -> roofline.DecoderShape:
+    """The roofline's `DecoderShape` of a `labkit.model.ModelConfig`."""
+    return roofline.DecoderShape(name, layers=cfg.n_layers, d_model=cfg.dim, heads=cfg.n_heads,
+                                 kv_heads=cfg.n_kv_heads, d_ff=cfg.hidden_dim, vocab=cfg.vocab_size,
+                                 head_dim=cfg.head_dim)
+
+
+def analytic(cfg: Any, roof: roofline.Roofline, phase: str, *, batch: int = 1, seq_len: int = 1,
+             context: int = 1, dtype: str = "fp32") -> dict[str, float]:
+    """Whole-model FLOPs, bytes, intensity (FLOP/B) and roofline time (s) of one step."""
+    rows = roofline.layer_costs(decoder_shape(cfg), roof, phase, batch=batch, seq_len=seq_len,
+                                context=context, dtype=dtype)
+    return roofline.totals(rows)
+
+
+# ----------------------------------------------------------------------- timing
+def _sync_time(fn, dev: torch.device) -> float:
+    _device.synchronize(dev)
+    t0 = time.perf_counter()
+    fn()
+    _device.synchronize(dev)
+    return time.perf_counter() - t0
+
+
+@torch.inference_mode()
+def time_prefill(model: Any, prompt_lens: Sequence[int], roof: roofline.Roofline, *, batch: int = 1,
+                 repeat: int = 3, dtype: str = "fp32") -> list[dict[str, float]]:
+    """Median seconds of `model.prefill` per prompt length, with achieved and analytic rates."""
+    rows, dev = [], model.device
+    for T in prompt_lens:
+        cache = model.new_cache(batch, T)
+        tokens = torch.randint(0, model.config.vocab_size, (batch, T), device=dev)
+
+        def run():
+            cache.reset()
+            model.prefill(tokens, cache)
+        run()  # warm-up: first call of a shape pays allocation and kernel selection
+        s = percentile([_sync_time(run, dev) for _ in range(repeat)], 50)
+        a = analytic(model.config, roof, "prefill", batch=batch, seq_len=T, dtype=dtype)
+        rows.append({"prompt_len": T, "batch": batch, "seconds": s, "tokens_per_s": batch * T / s,
+                     "flops": a["flops"], "bytes": a["bytes"], "flop_per_s": a["flops"] / s,
+                     "intensity": a["intensity"], "roofline_s": a["time_s"]})
+    return rows
+
+
+@torch.inference_mode()
+def time_decode(model: Any, batches: Sequence[int], contexts: Sequence[int], roof: roofline.Roofline, *,
+                steps: int = 8, repeat: int = 3, dtype: str = "fp32") -> list[dict[str, float]]:
+    """Median seconds per `decode_step` for each (batch, context), with bytes/s achieved.
+
+    The cache is "filled" by setting its lengths to `context` (what it holds does not change
+    the time), so a long context costs no prefill. Bytes per step = weights read once +
+    the KV cache read (batch × context × KV bytes per token): the memory-bound floor.
+    """
+    rows, dev, cfg = [], model.device, model.config
+    kv_per_tok = cfg.kv_bytes_per_token(model.dtype.itemsize)
+    for B in batches:
+        for ctx in contexts:
+            cache = model.new_cache(B, ctx + steps)
+            tok = torch.randint(0, cfg.vocab_size, (B,), device=dev)
+
+            def run():
+                cache.lengths.fill_(ctx)
+                cache.filled = ctx
+                for _ in range(steps):
+                    model.decode_step(tok, cache)
+            run()
+            s = percentile([_sync_time(run, dev) for _ in range(repeat)], 50) / steps
+            ctx_mid = ctx + steps // 2  # the KV read grows by one token per step
+            nbytes = model.weight_bytes_per_step(B) + B * ctx_mid * kv_per_tok
+            a = analytic(cfg, roof, "decode", batch=B, context=ctx_mid, dtype=dtype)
+            rows.append({"batch": B, "context": ctx, "s_per_step": s, "tokens_per_s": B / s,
+                         "bytes_per_step": nbytes, "bytes_per_s": nbytes / s,
+                         "bandwidth_frac": nbytes / s / roof.bandwidth, "flops": a["flops"], "bytes": a["bytes"],
+                         "flop_per_s": a["flops"] / s, "intensity": a["intensity"],
+                         "roofline_s": a["time_s"]})
+    return rows
+
+
+def cache_vs_nocache(model: Any, prompt_len: int, new_tokens: int, seed: int = 0) -> dict[str, float]:
+    """Seconds to generate `new_tokens` greedily with and without the KV cache."""
+    from labkit.model import generate
+
+    prompt = torch.randint(0, model.config.vocab_size, (1, prompt_len),
+                           generator=torch.Generator().manual_seed(seed)).tolist()
+    out = {}
+    for use_cache in (True, False):
+        generate(model, prompt, max_new_tokens=2, use_cache=use_cache)  # warm-up
+        out["cache_s" if use_cache else "nocache_s"] = _sync_time(
+            lambda: generate(model, prompt, max_new_tokens=new_tokens, use_cache=use_cache), model.device)
+    out["speedup"] = out["nocache_s"] / out["cache_s"]
+    return out
+
+
+# ----------------------------------------------------------------------- verdicts
+def verdict_c1(prefill: list[dict], decode: list[dict], roof: roofline.Roofline,
+               dtype: str = "fp32") -> tuple[bool, str]:
+    """C1 from measurements: prefill above the ridge and fast per token; decode below it,
+    slow per token and reading memory at a large share of the measured bandwidth."""
+    ridge, p, d = roof.ridge(dtype), prefill[-1], min(decode, key=lambda r: (r["batch"], r["context"]))
+    per_token_gain = p["tokens_per_s"] / d["tokens_per_s"]
+    compute_share = p["flop_per_s"] / roof.peak(dtype)
+    checks = {
+        "prefill intensity above the ridge": p["intensity"] > ridge,
+        "decode intensity below the ridge": d["intensity"] < ridge,
+        "prefill processes tokens >= 5x faster than decode makes them": per_token_gain >= 5,
+        "decode reads >= 50% of the measured bandwidth": d["bandwidth_frac"] >= 0.5,
+    }
+    held = all(checks.values())
+    lines = [f"C1 {'HOLDS' if held else 'DOES NOT FULLY HOLD'} on this machine (ridge {ridge:.1f} FLOP/B):",
+             f"  prefill {p['prompt_len']} tokens: {p['intensity']:.0f} FLOP/B, {p['flop_per_s'] / 1e9:.0f} GFLOP/s "
+             f"= {100 * compute_share:.0f}% of the measured matmul peak, {p['tokens_per_s']:.0f} tokens/s",
+             f"  decode batch {d['batch']}, context {d['context']}: {d['intensity']:.2f} FLOP/B, "
+             f"{d['tokens_per_s']:.0f} tokens/s ({per_token_gain:.0f}x slower per token), "
+             f"{d['bytes_per_s'] / 1e9:.1f} GB/s = {100 * d['bandwidth_frac']:.0f}% of the measured bandwidth"]
+    lines += [f"  [{'x' if ok else ' '}] {name}" for name, ok in checks.items()]
+    if not checks["decode reads >= 50% of the measured bandwidth"]:
+        lines.append("  decode is slower than its bytes explain: per-step overhead (Python, op dispatch,"
+                     " small GEMMs) takes the time (chapter 3), or other work on this machine competed"
+                     " for it during the run (rerun on an idle machine to tell which)")
+    return held, "\n".join(lines)
+
+
+def verdict_c2(shares: dict[str, dict[str, float]], typical: str) -> tuple[bool, str]:
+    """C2: the pre+post share of the `typical` configuration vs the article's 10-20 %,
+    and how far the other configurations push it. `shares`: name -> breakdown()."""
+    lo, hi = C2_RANGE
+    pp = {name: s["pre"] + s["post"] for name, s in shares.items()}
+    t = pp[typical]
+    held = lo / 2 <= t <= hi * 1.5  # same order as the claim; report the exact figure
+    where = "inside" if lo <= t <= hi else ("below" if t < lo else "above")
+    lines = [f"C2 {'HOLDS' if held else 'DOES NOT HOLD'}: the typical path ({typical}) spends {t:.1f}% of "
+             f"its time outside the model, {where} the article's {lo:.0f}-{hi:.0f}%."]
+    lines += [f"  {name:<28} pre {shares[name]['pre']:5.1f}%  model {shares[name]['model']:5.1f}%  "
+              f"post {shares[name]['post']:5.1f}%  -> outside the model {v:5.1f}%" for name, v in pp.items()]
+    worst = max(pp, key=pp.get)
+    lines.append(f"  worst: {worst} at {pp[worst]:.0f}% - time the whole request path before tuning the model.")
+    return held, "\n".join(lines)
+
+
+# ----------------------------------------------------------------------- plots
+def roofline_points(prefill: list[dict], decode: list[dict], dtype: str = "fp32") -> tuple[list, list[str]]:
+    """Measured steps as points for `labkit.roofline.plot` (analytic FLOPs and bytes), with labels.
+    Decode appears at its shortest context only: the context barely moves a point, and labels
+    of points on top of each other are unreadable."""
+    ctx = min(r["context"] for r in decode)
+    decode = [r for r in decode if r["context"] == ctx]
+    pts = [SimpleNamespace(name="prefill", dtype=dtype, flops=r["flops"], bytes=r["bytes"], time_s=r["seconds"])
+           for r in prefill]
+    pts += [SimpleNamespace(name="decode", dtype=dtype, flops=r["flops"], bytes=r["bytes"], time_s=r["s_per_step"])
+            for r in decode]
+    labels = [f"prefill T={r['prompt_len']}" for r in prefill]
+    labels += [f"decode B={r['batch']} ctx={r['context']}" for r in decode]
+    return pts, labels
+
+
+def plot_phases(prefill: list[dict], decode: list[dict]):
+    """Three panels: prefill time vs prompt length, decode step time vs batch (one line per
+    context), tokens/s of both phases; measured (solid) and roofline prediction (dashed)."""
+    import matplotlib.pyplot as plt
+
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(13, 3.6))
+    T = [r["prompt_len"] for r in prefill]
+    a.loglog(T, [1e3 * r["seconds"] for r in prefill], "o-", label="measured")
+    a.loglog(T, [1e3 * r["roofline_s"] for r in prefill], "k--", label="roofline bound")
+    a.set(xlabel="prompt length (tokens)", ylabel="prefill time (ms)", title="prefill")
+    for ctx in sorted({r["context"] for r in decode}):
+        rows = [r for r in decode if r["context"] == ctx]
+        B = [r["batch"] for r in rows]
+        line, = b.loglog(B, [1e3 * r["s_per_step"] for r in rows], "o-", label=f"context {ctx}")
+        b.loglog(B, [1e3 * r["roofline_s"] for r in rows], "--", color=line.get_color())
+        c.loglog(B, [r["tokens_per_s"] for r in rows], "o-", color=line.get_color(), label=f"decode, context {ctx}")
+    b.set(xlabel="batch (sequences)", ylabel="time per decode step (ms)", title="decode (dashed: roofline)")
+    for r in prefill[-1:]:
+        c.axhline(r["tokens_per_s"], color="k", ls=":", label=f"prefill, {r['prompt_len']}-token prompt")
+    c.set(xlabel="batch (sequences)", ylabel="tokens/s", title="throughput")
+    for ax, xs in ((a, T), (b, B), (c, B)):
+        ax.set_xticks(xs, [str(x) for x in xs])  # the measured sizes, not 2x10^1-style minor ticks
+        ax.xaxis.set_minor_formatter(plt.NullFormatter())
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    return fig
