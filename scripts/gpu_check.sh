@@ -27,7 +27,8 @@ nvidia-smi -L | tee "$OUT/nvidia-smi.txt" || echo "no nvidia-smi: not a GPU mach
 step doctor      60 "$PY" -c "from labkit import device; print(device.describe().report())"
 step bench      240 "$PY" -m labkit bench --device cuda --out "$OUT/bench.json"
 step bench_check 60 "$PY" -m labkit.bench.check
-step model_bench 240 "$PY" -m labkit.model.bench --device cuda
+step model_bench 300 "$PY" -m labkit.model.bench --device cuda --dtype bf16 --presets tiny,1b \
+  --compile --compile-presets 1b --json "$OUT/model_bench.json"
 step sim_bench   60 "$PY" -m labkit.sim.bench
 if "$PY" -c "import papermill" 2>/dev/null; then
   step notebooks 600 "$PY" -m labkit notebooks --size full --out "$OUT/notebooks"

@@ -31,17 +31,20 @@ from labkit.model.generate import generate
 from labkit.model.transformer import Transformer
 from labkit.timing import measure
 
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
 # ------------------------------------------------------------------ bandwidth
 
 
-def read_bandwidth(nbytes: int = 512 * 2**20, repeat: int = 5) -> dict[str, float]:
+def read_bandwidth(nbytes: int = 512 * 2**20, repeat: int = 5,
+                   device: torch.device | str = "cpu") -> dict[str, float]:
     """Measured DRAM bandwidth in bytes/s: `read` = sum of a large fp32 tensor (reads
     only, like a decode step reading weights), `copy` = counted read+write bytes of
     ``dst.copy_(src)`` (write-allocate traffic not counted, so it reads low)."""
-    src = torch.ones(nbytes // 4)
+    src = torch.ones(nbytes // 4, device=device)
     dst = torch.empty_like(src)
-    t_read = measure(lambda: src.sum(), warmup=2, repeat=repeat).median
-    t_copy = measure(lambda: dst.copy_(src), warmup=2, repeat=repeat).median
+    t_read = measure(lambda: src.sum(), warmup=2, repeat=repeat, device=device).median
+    t_copy = measure(lambda: dst.copy_(src), warmup=2, repeat=repeat, device=device).median
     return {"read": nbytes / t_read, "copy": 2 * nbytes / t_copy}
 
 
@@ -90,16 +93,17 @@ def to_hf(model: Transformer):
             if hasattr(mod, "original_inv_freq"):
                 mod.original_inv_freq = mod.inv_freq
     hf.generation_config.eos_token_id = None
-    return hf.eval()
+    return hf.to(model.device).eval()  # the rebuilt rotary buffers follow the weights
 
 
 # -------------------------------------------------------------------- timing
 
 
-def decode_rate(run: Callable[[int], object], batch: int, new_tokens: int, repeat: int) -> dict[str, float]:
+def decode_rate(run: Callable[[int], object], batch: int, new_tokens: int, repeat: int,
+                device: torch.device | str = "cpu") -> dict[str, float]:
     """tokens/s and s/step of decode, from t(N) − t(1) (seconds, median of `repeat`)."""
-    t_n = measure(lambda: run(new_tokens), warmup=1, repeat=repeat).median
-    t_1 = measure(lambda: run(1), warmup=1, repeat=max(3, repeat)).median
+    t_n = measure(lambda: run(new_tokens), warmup=1, repeat=repeat, device=device).median
+    t_1 = measure(lambda: run(1), warmup=1, repeat=max(3, repeat), device=device).median
     step = max(t_n - t_1, 1e-9) / (new_tokens - 1)
     return {"tok_s": batch / step, "step_s": step, "total_s": t_n}
 
@@ -118,6 +122,7 @@ def bench_model(name: str, model: Transformer, *, batches: tuple[int, ...], prom
     g = torch.Generator().manual_seed(0)
     for b in batches:
         ids = torch.randint(1, min(model.config.vocab_size, 4096), (b, prompt_len), generator=g)
+        ids = ids.to(model.device)
         ones = torch.ones_like(ids)
 
         def ours(n, m=model, static=False):
@@ -136,7 +141,7 @@ def bench_model(name: str, model: Transformer, *, batches: tuple[int, ...], prom
         if compile_:
             compiled, compile_s = compiled_model(model, b, prompt_len + new_tokens)
             variants["labkit+compile"] = lambda n: ours(n, compiled, static=True)
-        res = {k: decode_rate(fn, b, new_tokens, repeat) for k, fn in variants.items()}
+        res = {k: decode_rate(fn, b, new_tokens, repeat, model.device) for k, fn in variants.items()}
         for k, r in res.items():
             r["roofline"] = need / r["step_s"] / bw
         rows.append({"model": name, "params": model.num_params(), "batch": b, "agree": agree,
@@ -158,11 +163,13 @@ def compiled_model(model: Transformer, batch: int, max_len: int) -> tuple[Transf
     import copy
 
     m = copy.copy(model)  # a shallow copy shares the weights; only the decode function differs
-    m.compile_decode(dynamic=False)
+    # On a GPU, "reduce-overhead" replays the step as a CUDA graph: one launch per step.
+    mode = "reduce-overhead" if model.device.type == "cuda" else "default"
+    m.compile_decode(dynamic=False, mode=mode)
     t0 = time.perf_counter()
     with torch.inference_mode():
         cache = m.new_cache(batch, max_len, static=True)
-        logits = m.prefill(torch.ones(batch, 4, dtype=torch.long), cache)
+        logits = m.prefill(torch.ones(batch, 4, dtype=torch.long, device=model.device), cache)
         for _ in range(2):
             logits = m.decode_step(logits.argmax(-1), cache)
     return m, time.perf_counter() - t0
@@ -243,26 +250,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache-demo-tokens", type=int, default=512)
     ap.add_argument("--profile", action="store_true", help="print an op profile of labkit decode")
     ap.add_argument("--json", default=None, help="write all figures to this JSON file")
+    ap.add_argument("--device", default="cpu", help="cpu | cuda | mps | auto (default cpu)")
+    ap.add_argument("--dtype", default="fp32", choices=sorted(DTYPES), help="weights and KV dtype (default fp32)")
     args = ap.parse_args(argv)
     new_tokens = args.new_tokens or (24 if args.quick else 64)
     repeat = 3 if args.quick else 5
     batches = tuple(int(b) for b in args.batches.split(","))
 
-    from labkit.device import describe
-    info = describe("cpu")
-    print(f"{info.name}, {info.torch_threads} torch threads, torch {info.torch_version}")
-    bw = read_bandwidth(256 * 2**20 if args.quick else 512 * 2**20)
+    from labkit.device import describe, pick
+    dev, dtype = pick(args.device), DTYPES[args.dtype]
+    info = describe(dev)
+    print(f"{info.name}, {info.torch_threads} torch threads, torch {info.torch_version}, {args.dtype}")
+    bw_bytes = (256 if args.quick else 512) * 2**20 * (8 if dev.type == "cuda" else 1)  # >> a GPU's L2
+    bw = read_bandwidth(bw_bytes, device=dev)
     print(f"measured bandwidth: read {bw['read'] / 1e9:.1f} GB/s, copy {bw['copy'] / 1e9:.1f} GB/s "
           f"(roofline below uses read)", flush=True)
     results: dict = {"device": info.name, "threads": info.torch_threads, "bandwidth": bw,
                      "new_tokens": new_tokens, "prompt_len": args.prompt_len, "rows": []}
     for name in args.presets.split(","):
         if name == "tiny" and (TINY_DIR / "model.safetensors").is_file():
-            model, label = load_tiny(), "tiny (trained)"
+            model, label = load_tiny(device=dev).to(dtype), "tiny (trained)"
         else:
-            model, label = Transformer.from_preset(name), f"{name} (random)"
+            model, label = Transformer.from_preset(name, dtype=dtype, device=dev), f"{name} (random)"
         # Re-measured next to each model: on a shared machine the ceiling moves too.
-        bw = read_bandwidth(256 * 2**20 if args.quick else 512 * 2**20)
+        bw = read_bandwidth(bw_bytes, device=dev)
         results.setdefault("bandwidth_per_preset", {})[name] = bw
         print(f"-- {label}: {model.num_params() / 1e6:.1f} M params, "
               f"{model.weight_bytes_per_step() / 1e6:.1f} MB weights read per step; "
@@ -283,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(profile_decode(model, b))
         del model
     if args.cache_demo:
-        model = load_tiny() if (TINY_DIR / "model.safetensors").is_file() else Transformer.from_preset("tiny")
+        model = (load_tiny(device=dev) if (TINY_DIR / "model.safetensors").is_file()
+                 else Transformer.from_preset("tiny", device=dev)).to(dtype)
         n = 128 if args.quick else args.cache_demo_tokens
         d = cache_demo(model, new_tokens=n)
         results["cache_demo"] = d
