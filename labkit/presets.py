@@ -51,6 +51,25 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
                  "nocache_prompt": 32, "nocache_tokens": 512, "requests": 8, "max_new_tokens": 64,
                  "n_docs": None},
     },
+    # 03_fusion / `python -m labkit.fusion.bench`: TinyOps puzzle, elementwise chains of
+    # chain_numel fp32 elements (the bench uses >= 16 M), Conv+BN block, decode step eager
+    # vs compiled (compiled only at compile_batches: ~20-45 s each cold on 2 CPU cores;
+    # decode_threads=1 on CPU, see DecodeBench.run), peak memory of `mem_model`
+    # (+ overrides) at mem_batch x mem_seq, fresh vs reused buffers of reuse_numel.
+    "fusion": {
+        "smoke": {"tiny_ops": 1000, "chain_numel": 2**22, "chain_repeat": 3, "triton_numel": 64 * 96,
+                  "conv_batch": 8, "conv_channels": 32, "conv_hw": 56, "decode_model": "tiny",
+                  "decode_context": 32, "decode_batches": [1, 8], "compile_batches": [1], "decode_repeat": 10,
+                  "decode_threads": 1,
+                  "mem_model": "small", "mem_overrides": {"n_layers": 2}, "mem_batch": 1, "mem_seq": 128,
+                  "reuse_numel": 16 * 2**20},
+        "full": {"tiny_ops": 1000, "chain_numel": 2**26, "chain_repeat": 10, "triton_numel": 256 * 96,
+                 "conv_batch": 32, "conv_channels": 64, "conv_hw": 112, "decode_model": "1b",
+                 "decode_context": 128, "decode_batches": [1, 8], "compile_batches": [1, 8], "decode_repeat": 20,
+                 "decode_threads": None,
+                 "mem_model": "small", "mem_overrides": {}, "mem_batch": 4, "mem_seq": 512,
+                 "reuse_numel": 64 * 2**20},
+    },
     # 06_batching: requests per simulation, load-sweep points, decoder calibration sweep.
     "batching": {
         "smoke": {"requests": 4000, "queue_requests": 20_000, "sweep_requests": 1500, "sweep_points": 8, "mixed_requests": 1500,
@@ -58,6 +77,19 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "full": {"requests": 100_000, "queue_requests": 200_000, "sweep_requests": 20_000, "sweep_points": 14, "mixed_requests": 20_000,
                  "calib_batches": [1, 4, 16, 64], "calib_contexts": [64, 512], "calib_prompts": [32, 128, 512],
                  "calib_repeat": 10},
+    },
+    # 04_quantization: perplexity on `ppl_windows` x 256 validation tokens; calibration on
+    # `calib_windows` x 256 train tokens; C10 decode on `c10_preset` (+ overrides), weights
+    # >> last-level cache so decode is memory-bound; `repeat` timed decode steps per point, best
+    # of `rounds` interleaved rounds; planted outliers (`n_outliers` channels x `outlier_factor`);
+    # SmoothQuant `alphas`; mixed precision keeps `keep_ks` layers; KV fit in `kv_memory_gb` GB.
+    "quantization": {
+        "smoke": {"ppl_windows": 4, "calib_windows": 4, "c10_preset": "small", "c10_overrides": {"n_layers": 2},
+                  "batches": [1], "repeat": 5, "rounds": 2, "outlier_factor": 100.0, "n_outliers": 4, "alphas": [0.5],
+                  "keep_ks": [0, 1, 4], "kv_memory_gb": 16.0},
+        "full": {"ppl_windows": 32, "calib_windows": 16, "c10_preset": "small", "c10_overrides": {},
+                 "batches": [1, 8], "repeat": 10, "rounds": 3, "outlier_factor": 100.0, "n_outliers": 4, "alphas": [0.5, 0.8],
+                 "keep_ks": [0, 1, 2, 4, 8], "kv_memory_gb": 16.0},
     },
 }
 

@@ -1,0 +1,151 @@
+"""Chapter 3's acceptance figures in one run: ``python -m labkit.fusion.bench [--size smoke|full] [--device auto]``.
+
+Sections (each a function the notebook also calls): C6 tiny-op overhead share;
+C7 fused elementwise chains (speed-up, bytes/s vs measured bandwidth, kernel counts,
+graph nodes) and the decoder's decode step eager vs compiled (vs CUDA graphs on a
+GPU); C8 Conv+BN folding; C9 peak memory per autograd mode and fresh vs reused buffers.
+Unlike the notebook's smoke size, the bench always reports the acceptance set: chains
+of at least 16 M elements, the decode step compiled at every batch size, and the full
+`small` preset (all layers) for peak memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+import torch
+
+from labkit import device as _device
+from labkit import presets
+from labkit.fusion import count, decode, elementwise, fold, memory, overhead
+
+MIN_BENCH_NUMEL = 16 * 2**20
+
+
+def tiny_ops_share(n_ops: int, dev: torch.device) -> dict[str, Any]:
+    """C6: a TinyOps(n_ops) forward: counted ops, measured time, per-op overhead, share."""
+    from labkit.timing import measure
+
+    model, x = overhead.TinyOps(n_ops).to(dev), torch.ones(16, device=dev)
+    with torch.inference_mode():
+        ops = count.count_ops(lambda: model(x), device=dev).ops
+        t = measure(lambda: model(x), warmup=2, repeat=10, device=dev).median
+    per_op = overhead.per_op_overhead_s(dev)
+    s = overhead.OverheadShare(ops, per_op, t)
+    return {"ops": ops, "measured_s": t, "per_op_s": per_op, "predicted_s": s.predicted_s, "share": s.share}
+
+
+def chains(numel: int, dev: torch.device, repeat: int, triton_numel: int) -> dict[str, Any]:
+    """C7 on memory-bound chains: every version's time, modelled bytes/s, kernels and error,
+    the measured read/copy bandwidth, graph nodes, and the Triton check (interpreted on CPU)."""
+    from labkit.model.bench import read_bandwidth
+
+    # a fixed 256 MiB, far beyond any cache, whatever the chain size
+    bw = read_bandwidth(nbytes=256 * 2**20, repeat=3, device=dev)
+    ok, why = elementwise.triton_available(dev)
+    out: dict[str, Any] = {"bandwidth": bw, "numel": numel, "triton": why if ok else f"skipped: {why}"}
+    for chain in elementwise.CHAINS:
+        rows = elementwise.run_chain(chain, numel, device=dev, repeat=repeat,
+                                     with_triton=ok and dev.type == "cuda")
+        small = elementwise.make_inputs(chain, 4096, width=256, device=dev)
+        nodes = count.graph_nodes(elementwise.REFERENCES[chain], *small, device=dev)
+        entry: dict[str, Any] = {"rows": rows, "graph_nodes": nodes}
+        if ok:
+            args = elementwise.make_inputs(chain, triton_numel, width=96, device=dev)
+            entry["triton_error"] = elementwise.max_abs_error(elementwise.TRITON[chain](*args),
+                                                              elementwise.REFERENCES[chain](*args))
+        out[chain] = entry
+    return out
+
+
+def decode_steps(p: dict[str, Any], dev: torch.device) -> list[decode.DecodeResult]:
+    """C6/C7 on the decoder: decode step eager at `decode_batches`, compiled at
+    `compile_batches` (and CUDA graphs on a GPU)."""
+    from labkit.model import Transformer, load_tiny
+
+    name = p["decode_model"]
+    model = (load_tiny() if name == "tiny" else Transformer.from_preset(name)).to(dev)
+    bench = decode.DecodeBench(model, context=p["decode_context"], max_len=p["decode_context"] + 64)
+    kw = {"repeat": p["decode_repeat"], "threads": p["decode_threads"] if dev.type == "cpu" else None}
+    rows = bench.run("eager", p["decode_batches"], **kw)
+    rows += bench.run("compiled", p["compile_batches"], **kw)
+    if dev.type == "cuda":
+        rows += bench.run("cuda_graph", p["compile_batches"], **kw)
+    return rows
+
+
+def forward_memory(p: dict[str, Any], dev: torch.device) -> memory.ForwardPeak:
+    """C9: peak memory of one forward of `mem_model` per autograd mode."""
+    from labkit.model import Transformer
+
+    model = Transformer.from_preset(p["mem_model"], **p["mem_overrides"]).to(dev)
+    return memory.forward_peaks(model, p["mem_batch"], p["mem_seq"])
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", default="smoke", choices=presets.SIZE_CHOICES)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--chain-numel", type=int, default=None)
+    a = ap.parse_args(argv)
+    dev = _device.pick(a.device)
+    p = presets.sizes("fusion", a.size, dev)
+    numel = a.chain_numel or max(p["chain_numel"], MIN_BENCH_NUMEL)
+    p.update(compile_batches=p["decode_batches"], mem_overrides={}, mem_seq=max(p["mem_seq"], 256))
+    t_all = time.perf_counter()
+    print(f"labkit.fusion bench: SIZE={presets.resolve_size(a.size, dev)} DEVICE={dev} threads={torch.get_num_threads()}")
+
+    s = tiny_ops_share(p["tiny_ops"], dev)
+    print(f"\n[C6] TinyOps: {s['ops']} ops in {s['measured_s'] * 1e3:.2f} ms; per-op overhead "
+          f"{s['per_op_s'] * 1e6:.2f} µs -> predicted {s['predicted_s'] * 1e3:.2f} ms = {s['share']:.0%} of measured")
+
+    c = chains(numel, dev, p["chain_repeat"], p["triton_numel"])
+    bw = c["bandwidth"]
+    print(f"\n[C7] elementwise chains, {numel / 2**20:.0f} M fp32 elements; measured bandwidth read "
+          f"{bw['read'] / 1e9:.1f} GB/s, copy {bw['copy'] / 1e9:.1f} GB/s; Triton: {c['triton']}")
+    for chain in elementwise.CHAINS:
+        rows = {r.version: r for r in c[chain]["rows"]}
+        g = c[chain]["graph_nodes"]
+        for r in rows.values():
+            print(f"  {chain:18s} {r.version:8s} {r.time_s * 1e3:8.2f} ms  {r.bytes / 2**20:6.0f} MiB modelled "
+                  f"{r.bytes_per_s / 1e9:6.2f} GB/s ({r.bytes_per_s / bw['read']:.0%} of read bw)  "
+                  f"{r.kernels} kernels  max|err| {r.max_error:.1e}")
+        e, k = rows["eager"], rows["compiled"]
+        print(f"  {chain}: compiled speed-up {e.time_s / k.time_s:.2f}x; kernels {e.kernels} -> {k.kernels} "
+              f"({e.kernels / max(k.kernels, 1):.1f}x fewer); ATen graph nodes {g.aten_nodes} -> {g.kernels} kernel(s)"
+              + (f"; Triton max|err| {c[chain]['triton_error']:.1e}" if "triton_error" in c[chain] else ""))
+
+    f = fold.time_conv_block(batch=p["conv_batch"], channels=p["conv_channels"], hw=p["conv_hw"])
+    print(f"\n[C8] Conv+BN+ReLU ({p['conv_batch']}x{p['conv_channels']}x{p['conv_hw']}²): max|err| "
+          f"{f['max_error']:.1e}; {f['unfolded_s'] * 1e3:.2f} ms ({f['unfolded_kernels']} kernels) -> folded "
+          f"{f['folded_s'] * 1e3:.2f} ms ({f['folded_kernels']} kernels)")
+
+    print(f"\n[C6/C7] decode step, {p['decode_model']} preset, context {p['decode_context']}, "
+          f"torch threads {p['decode_threads'] if dev.type == 'cpu' else 'default'}:")
+    rows = decode_steps(p, dev)
+    eager = {r.batch: r for r in rows if r.variant == "eager"}
+    for r in rows:
+        base = eager.get(r.batch)
+        ratio = (f"  {base.step_s / r.step_s:.2f}x vs eager (fastest repeats: {base.best_s / r.best_s:.2f}x)"
+                 if base and r.variant != "eager" else "")
+        nodes = f", {r.graph_nodes} ATen graph nodes, first call {r.first_call_s:.1f} s" if r.graph_nodes else ""
+        print(f"  {r.variant:10s} batch {r.batch}: {r.step_s * 1e3:7.2f} ms/step (best {r.best_s * 1e3:.2f}), {r.ops} ops, "
+              f"{r.kernels} kernels{nodes}{ratio}")
+
+    m = forward_memory(p, dev)
+    print(f"\n[C9] peak memory, one forward of {p['mem_model']}{' ' + str(p['mem_overrides']) if p['mem_overrides'] else ''} at batch {m.batch} x "
+          f"{m.seq} tokens ({m.method}): " + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in m.peaks.items())
+          + f"; train / inference_mode = {m.ratio:.1f}x")
+    if dev.type == "cpu":
+        r = memory.fresh_vs_reused(p["reuse_numel"])
+        print(f"  a+b on {r.numel / 2**20:.0f} M fp32: fresh output {r.fresh_s * 1e3:.1f} ms "
+              f"({r.fresh_faults:.0f} page faults), preallocated out= {r.reused_s * 1e3:.1f} ms "
+              f"({r.reused_faults:.0f}), in place {r.inplace_s * 1e3:.1f} ms: {r.speedup:.1f}x; "
+              f"~{r.us_per_fault:.1f} µs per fault")
+    print(f"\ntotal {time.perf_counter() - t_all:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
