@@ -20,6 +20,7 @@ def count(name, dtype="fp32", **shape):
     ("scale", {"n": 10}, 10, 80),
     ("add", {"n": 10}, 10, 120),
     ("triad", {"n": 10}, 20, 120),
+    ("read", {"n": 10}, 10, 40),  # a sum: 10 adds, 10 floats read
     # GEMM 2x3 @ 3x4: 2·2·3·4 = 48 FLOP; A 6 + B 12 + C 8 = 26 floats = 104 B
     ("gemm", {"m": 2, "n": 4, "k": 3}, 48, 104),
     # GEMV 1x8 @ 8x5: 80 FLOP; 8 + 40 + 5 = 53 floats

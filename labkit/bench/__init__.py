@@ -10,7 +10,7 @@
 
 from labkit.bench.experiments import LoadRun, thread_scaling, under_telemetry
 from labkit.bench.core import Report, Result, fingerprint, last_level_cache_bytes, run_kernel, threads
-from labkit.bench.suites import (default_dtype, default_path, dram_bytes, dispatch_overhead, matmul_sweep, run, skinny_sweep,
+from labkit.bench.suites import (default_dtype, default_path, dram_bytes, dispatch_overhead, matmul_sweep, read_copy_bandwidth, run, skinny_sweep,
                                  stream_sweep, supported_dtypes, zoo_shapes, zoo_suite)
 from labkit.bench.zoo import KERNELS, Kernel, itemsize
 

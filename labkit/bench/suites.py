@@ -64,6 +64,18 @@ def stream_sweep(device: torch.device, *, min_bytes: int, llc_multiple: float, p
     return rows
 
 
+def read_copy_bandwidth(device: torch.device | str | None = None, nbytes: int = 512 * 2**20,
+                        repeat: int = 5) -> dict[str, float]:
+    """DRAM bandwidth in bytes/s at one large size (`nbytes` per array, >> any cache):
+    `read` = sum of a tensor (reads only, like a decode step reading weights), `copy` =
+    read + write bytes of ``dst.copy_(src)`` (write-allocate traffic not counted, so it
+    reads low on CPUs). Rates use the median of `repeat` calls."""
+    dev = _device.pick(device)
+    n = nbytes // zoo.itemsize("fp32")
+    return {op: run_kernel(op, dtype="fp32", device=dev, group="stream", warmup=2, repeat=repeat, n=n).bytes_per_s
+            for op in ("read", "copy")}
+
+
 def _sweep_until(sizes: list[int], max_call_s: float, time_one: Callable[[int], Result],
                  cost: Callable[[int], float]) -> list[Result]:
     """Run `time_one(size)` for growing sizes; stop when the next call is predicted to take

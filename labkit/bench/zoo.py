@@ -57,8 +57,9 @@ def _rand(shape, dtype: str, device) -> torch.Tensor:
 
 # --- STREAM (n elements per array) -----------------------------------------------------
 # bytes = reads + writes of the arrays named in the STREAM definition.
-_STREAM_ARRAYS = {"copy": 2, "scale": 2, "add": 3, "triad": 3}
-_STREAM_FLOPS = {"copy": 0, "scale": 1, "add": 1, "triad": 2}
+# "read" (a sum) is not STREAM but what a decode step does to its weights: read only.
+_STREAM_ARRAYS = {"copy": 2, "scale": 2, "add": 3, "triad": 3, "read": 1}
+_STREAM_FLOPS = {"copy": 0, "scale": 1, "add": 1, "triad": 2, "read": 1}
 SCALAR = 3.0
 
 
@@ -71,6 +72,7 @@ def _build_stream(op: str):
             "scale": lambda: torch.mul(c, SCALAR, out=b),              # b = s*c
             "add": lambda: torch.add(a, b, out=c),                     # c = a + b
             "triad": lambda: torch.add(b, c, alpha=SCALAR, out=a),     # a = b + s*c, one pass
+            "read": lambda: a.sum(),                                   # reads a, writes one scalar
         }[op]
     return build
 

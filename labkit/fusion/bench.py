@@ -40,10 +40,10 @@ def tiny_ops_share(n_ops: int, dev: torch.device) -> dict[str, Any]:
 def chains(numel: int, dev: torch.device, repeat: int, triton_numel: int) -> dict[str, Any]:
     """C7 on memory-bound chains: every version's time, modelled bytes/s, kernels and error,
     the measured read/copy bandwidth, graph nodes, and the Triton check (interpreted on CPU)."""
-    from labkit.model.bench import read_bandwidth
+    from labkit.bench import read_copy_bandwidth
 
     # a fixed 256 MiB, far beyond any cache, whatever the chain size
-    bw = read_bandwidth(nbytes=256 * 2**20, repeat=3, device=dev)
+    bw = read_copy_bandwidth(dev, nbytes=256 * 2**20, repeat=3)
     ok, why = elementwise.triton_available(dev)
     out: dict[str, Any] = {"bandwidth": bw, "numel": numel, "triton": why if ok else f"skipped: {why}"}
     for chain in elementwise.CHAINS:

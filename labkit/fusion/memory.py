@@ -132,7 +132,10 @@ class ReuseResult:
 
 def fresh_vs_reused(numel: int = 16 * 2**20, *, repeat: int = 5) -> ReuseResult:
     """Time ``a + b`` into a fresh tensor, into a preallocated one (``out=``) and in place
-    (``a += b``), on CPU, `numel` fp32 elements (make it >> the last-level cache)."""
+    (``a += b``), on CPU, `numel` fp32 elements (make it >> the last-level cache).
+
+    Keep each tensor above 32 MiB (8 M elements): below glibc's largest dynamic mmap
+    threshold, malloc may recycle a freed block and the fresh case shows no page faults."""
     from labkit.timing import measure
 
     if numel < 1:

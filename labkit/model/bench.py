@@ -29,23 +29,12 @@ import torch.nn.functional as F
 from labkit.model.checkpoint import TINY_DIR, load_tiny
 from labkit.model.generate import generate
 from labkit.model.transformer import Transformer
+from labkit.bench import read_copy_bandwidth
 from labkit.timing import measure
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 # ------------------------------------------------------------------ bandwidth
-
-
-def read_bandwidth(nbytes: int = 512 * 2**20, repeat: int = 5,
-                   device: torch.device | str = "cpu") -> dict[str, float]:
-    """Measured DRAM bandwidth in bytes/s: `read` = sum of a large fp32 tensor (reads
-    only, like a decode step reading weights), `copy` = counted read+write bytes of
-    ``dst.copy_(src)`` (write-allocate traffic not counted, so it reads low)."""
-    src = torch.ones(nbytes // 4, device=device)
-    dst = torch.empty_like(src)
-    t_read = measure(lambda: src.sum(), warmup=2, repeat=repeat, device=device).median
-    t_copy = measure(lambda: dst.copy_(src), warmup=2, repeat=repeat, device=device).median
-    return {"read": nbytes / t_read, "copy": 2 * nbytes / t_copy}
 
 
 # ------------------------------------------------------- same weights in HF form
@@ -262,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     info = describe(dev)
     print(f"{info.name}, {info.torch_threads} torch threads, torch {info.torch_version}, {args.dtype}")
     bw_bytes = (256 if args.quick else 512) * 2**20 * (8 if dev.type == "cuda" else 1)  # >> a GPU's L2
-    bw = read_bandwidth(bw_bytes, device=dev)
+    bw = read_copy_bandwidth(dev, bw_bytes)
     print(f"measured bandwidth: read {bw['read'] / 1e9:.1f} GB/s, copy {bw['copy'] / 1e9:.1f} GB/s "
           f"(roofline below uses read)", flush=True)
     results: dict = {"device": info.name, "threads": info.torch_threads, "bandwidth": bw,
@@ -273,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             model, label = Transformer.from_preset(name, dtype=dtype, device=dev), f"{name} (random)"
         # Re-measured next to each model: on a shared machine the ceiling moves too.
-        bw = read_bandwidth(bw_bytes, device=dev)
+        bw = read_copy_bandwidth(dev, bw_bytes)
         results.setdefault("bandwidth_per_preset", {})[name] = bw
         print(f"-- {label}: {model.num_params() / 1e6:.1f} M params, "
               f"{model.weight_bytes_per_step() / 1e6:.1f} MB weights read per step; "
