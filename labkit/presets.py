@@ -91,6 +91,21 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
                  "batches": [1, 8], "repeat": 10, "rounds": 3, "outlier_factor": 100.0, "n_outliers": 4, "alphas": [0.5, 0.8],
                  "keep_ks": [0, 1, 2, 4, 8], "kv_memory_gb": 16.0},
     },
+    # 05_pruning_distillation (issue 7): owned by labkit.prune / labkit.distill.
+    "pruning": {
+        "smoke": {},
+        "full": {},
+    },
+    # 07_kv_and_result_cache (issue 10): KV calculator, paged vs contiguous, result cache.
+    "kv_cache": {
+        "smoke": {},
+        "full": {},
+    },
+    # 08_p99_and_load (issue 9): real server, load generator, simulator fidelity.
+    "serving": {
+        "smoke": {},
+        "full": {},
+    },
 }
 
 

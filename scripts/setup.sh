@@ -30,8 +30,8 @@ else
   # shellcheck disable=SC2086
   "$PY" -m pip install -q "$spec" ${LABKIT_TORCH_ARGS:-} 2>&1 | quiet
 fi
-echo "setup: installing labkit and its test extra"
-"$PY" -m pip install -q -e ".[test]" 2>&1 | quiet
+echo "setup: installing labkit with its test and embed extras"
+"$PY" -m pip install -q -e ".[test,embed]" 2>&1 | quiet
 "$PY" -m ipykernel install --sys-prefix --name labkit --display-name "Python (labkit)" >/dev/null
 "$PY" -m labkit doctor >/dev/null || { "$PY" -m labkit doctor; exit 1; }
 echo "setup: done (kernel 'labkit' registered in $("$PY" -c 'import sys; print(sys.prefix)'))"

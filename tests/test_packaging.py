@@ -19,7 +19,8 @@ def _name(req: str) -> str:
 
 def test_environment_yml_mirrors_pyproject():
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    declared = project["dependencies"] + project["optional-dependencies"]["test"]
+    declared = project["dependencies"] + project["optional-dependencies"]["test"] \
+        + project["optional-dependencies"]["embed"]
     env = yaml.safe_load((REPO / "environment.yml").read_text())
     pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
     conda_pip = [r for r in pip_section if not r.startswith("-e")]
