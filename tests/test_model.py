@@ -261,3 +261,57 @@ def test_bench_helpers_smoke():
     assert bytes_per_step(m, 2, 4, 8) > m.weight_bytes_per_step(2)
     demo = cache_demo(m, new_tokens=12, prompt_len=4)
     assert demo["identical"] and demo["speedup"] > 0
+
+
+# ------------------------------------------------------------------ int8 KV cache
+@settings(max_examples=50, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.floats(1e-3, 1e3))
+def test_quantize_kv_error_is_within_half_a_scale(seed, magnitude):
+    from labkit.model.kv_quant import dequantize_kv, quantize_kv
+
+    x = torch.randn(3, 5, 16, generator=torch.Generator().manual_seed(seed)) * magnitude
+    codes, scale = quantize_kv(x)
+    assert codes.dtype == torch.int8 and scale.shape == (3, 5, 1)
+    err = (dequantize_kv(codes, scale, torch.float32) - x).abs()
+    assert (err <= scale / 2 * (1 + 1e-5) + 1e-12).all()
+
+
+def _gqa_toy() -> Transformer:
+    return Transformer.from_preset("tiny", n_layers=2, vocab_size=97, dim=48, n_heads=6, n_kv_heads=2,
+                                   hidden_dim=64, head_dim=8, seed=3)
+
+
+def test_int8_kv_cache_bytes_storage_and_logits():
+    from labkit.model.kv_quant import dequantize_kv
+
+    m = _gqa_toy()
+    cfg = m.config
+    fp, q8 = m.new_cache(2, 20), m.new_cache(2, 20, kv_dtype="int8")
+    slots = cfg.n_layers * 2 * cfg.n_kv_heads * 21  # layers x batch x heads x (max_len + spare)
+    assert fp.nbytes == 2 * slots * cfg.head_dim * 4
+    assert q8.nbytes == 2 * slots * (cfg.head_dim + 4)
+    prompt = torch.randint(0, 97, (2, 7), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        a, b = m.prefill(prompt, fp, lengths=[5, 7]), m.prefill(prompt, q8, lengths=[5, 7])
+        for _ in range(3):
+            tok = a.argmax(-1)
+            a, b = m.decode_step(tok, fp), m.decode_step(tok, q8)
+    assert q8.lengths.tolist() == fp.lengths.tolist() == [8, 10]
+    assert 0 < (a - b).abs().max() < 0.02 * a.abs().max()
+    # Layer 0's keys and values depend only on the tokens, so they must sit within half a
+    # scale of the fp32 cache's (deeper layers also see the rounding of the layers below).
+    for row, n in enumerate([8, 10]):
+        for codes, scale, ref in ((q8.k, q8.k_scale, fp.k), (q8.v, q8.v_scale, fp.v)):
+            back = dequantize_kv(codes[0, row, :, :n], scale[0, row, :, :n], torch.float32)
+            assert ((back - ref[0, row, :, :n]).abs() <= scale[0, row, :, :n] / 2 + 1e-6).all()
+    with pytest.raises(ValueError, match="int8"):
+        m.new_cache(1, 4, kv_dtype="int4")
+
+
+def test_perplexity_through_the_cache():
+    m = _gqa_toy()
+    ids = torch.randint(0, 97, (130,), generator=torch.Generator().manual_seed(1))
+    plain = perplexity(m, ids, ctx=32)
+    assert perplexity(m, ids, ctx=32, kv_dtype="model") == pytest.approx(plain, rel=1e-5)
+    p8 = perplexity(m, ids, ctx=32, kv_dtype="int8")
+    assert p8 != plain and p8 == pytest.approx(plain, rel=0.02)

@@ -27,6 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from labkit.model.config import ModelConfig, get_config
+from labkit.model.kv_quant import check_kv_dtype, dequantize_kv, quantize_kv
 
 
 WEIGHT_LAYOUTS = ("nk", "kn")
@@ -48,18 +49,30 @@ class KVCache:
     filled prefix without a device sync. With ``static=True`` attention always reads
     all `max_len` slots (masking the unused ones): every step has the same shapes,
     which is what CUDA graphs and ``torch.compile`` without recompiles need.
+
+    ``kv_dtype="int8"`` stores int8 codes plus one fp32 scale per (token, head) vector
+    (`labkit.model.kv_quant`): `k`/`v` are int8 and `k_scale`/`v_scale` have shape
+    ``(n_layers, batch, n_kv_heads, max_len + 1, 1)``; attention reads dequantized copies.
+
+    Any object with `lengths`, `filled`, `max_len`, `static`, `nbytes` and `writer()`
+    (see `writer`) can stand in for this class; the server's paged cache does.
     """
 
     def __init__(self, cfg: ModelConfig, batch: int, max_len: int, *,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                 static: bool = False):
+                 static: bool = False, kv_dtype: str = "model"):
         if batch < 1 or max_len < 1:
             raise ValueError(f"KVCache needs batch >= 1 and max_len >= 1, got {batch}, {max_len}")
+        self.kv_dtype = check_kv_dtype(kv_dtype)
         shape = (cfg.n_layers, batch, cfg.n_kv_heads, max_len + 1, cfg.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        store = torch.int8 if kv_dtype == "int8" else dtype
+        self.k = torch.zeros(shape, dtype=store, device=device)
+        self.v = torch.zeros(shape, dtype=store, device=device)
+        if kv_dtype == "int8":
+            self.k_scale = torch.zeros(shape[:-1] + (1,), dtype=torch.float32, device=device)
+            self.v_scale = torch.zeros_like(self.k_scale)
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
-        self.batch, self.max_len, self.static = batch, max_len, static
+        self.batch, self.max_len, self.static, self.dtype = batch, max_len, static, dtype
         self.filled = 0
 
     def reset(self) -> None:
@@ -69,12 +82,58 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        """Bytes allocated for keys and values."""
-        return self.k.numel() * self.k.element_size() * 2
+        """Bytes allocated for keys and values (int8: codes + scales), spare slot included."""
+        tensors = [self.k, self.v] + ([self.k_scale, self.v_scale] if self.kv_dtype == "int8" else [])
+        return sum(t.numel() * t.element_size() for t in tensors)
 
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layer `i`'s (k, v) blocks, each (batch, kv_heads, max_len, head_dim)."""
+        """Layer `i`'s (k, v) blocks as the model dtype, each (batch, kv_heads, max_len, head_dim)."""
+        if self.kv_dtype == "int8":
+            n = self.max_len
+            return (dequantize_kv(self.k[i, :, :, :n], self.k_scale[i, :, :, :n], self.dtype),
+                    dequantize_kv(self.v[i, :, :, :n], self.v_scale[i, :, :, :n], self.dtype))
         return self.k[i, :, :, : self.max_len], self.v[i, :, :, : self.max_len]
+
+    def writer(self, positions: torch.Tensor, valid: torch.Tensor, kv_len: int):
+        """Plan one cached pass; returns ``write(layer, k, v) -> (K, V)``.
+
+        `positions` (B, T): absolute positions of this pass's tokens; `valid` (B, T):
+        False for right padding. `write` stores k, v (B, kv_heads, T, head_dim) at those
+        positions (padding goes to the spare slot) and returns the first `kv_len`
+        positions of the layer's keys and values, (B, kv_heads, kv_len, head_dim), in the
+        model dtype."""
+        slots = torch.where(valid, positions, self.max_len)
+        if self.kv_dtype == "model":
+            return contiguous_writer(self.k, self.v, slots, kv_len)
+
+        def write(i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            out = []
+            for codes, scales, new in ((self.k[i], self.k_scale[i], k), (self.v[i], self.v_scale[i], v)):
+                q, s = quantize_kv(new)
+                codes.scatter_(2, _slot_index(slots, q.shape[1], q.shape[3]), q)
+                scales.scatter_(2, _slot_index(slots, q.shape[1], 1), s)
+                out.append(dequantize_kv(codes[:, :, :kv_len], scales[:, :, :kv_len], self.dtype))
+            return out[0], out[1]
+        return write
+
+
+def _slot_index(slots: torch.Tensor, heads: int, width: int) -> torch.Tensor:
+    """(B, T) slot numbers → the (B, heads, T, width) index `scatter_` along dim 2 wants."""
+    B, T = slots.shape
+    return slots[:, None, :, None].expand(B, heads, T, width)
+
+
+def contiguous_writer(k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, kv_len: int):
+    """`write(layer, k_new, v_new)` for plain contiguous K/V tensors (n_layers, B, kv_heads,
+    slots, head_dim): scatter the new vectors into `slots` (B, T), return the first
+    `kv_len` slots. Tensor-only, so ``torch.compile`` and CUDA graphs capture it whole."""
+    def write(i: int, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = _slot_index(slots, k_new.shape[1], k_new.shape[3])
+        kc, vc = k[i], v[i]
+        kc.scatter_(2, idx, k_new)
+        vc.scatter_(2, idx, v_new)
+        return kc[:, :, :kv_len], vc[:, :, :kv_len]
+    return write
 
 
 def rope_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
@@ -111,8 +170,10 @@ class Attention(nn.Module):
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                kv: tuple[torch.Tensor, torch.Tensor] | None, idx: torch.Tensor | None,
-                mask: torch.Tensor | None, kv_len: int) -> torch.Tensor:
+                write=None, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """`write` is None (no cache: causal attention over `x` alone) or a cache's
+        ``write(layer, k, v) -> (K, V)`` (see `KVCache.writer`); `mask` (B, 1, n_rep·T, L)
+        says which of the L cached positions each folded query may see."""
         B, T, _ = x.shape
         H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
         qkv = self.wqkv(x).view(B, T, H + 2 * Hkv, D)
@@ -120,18 +181,15 @@ class Attention(nn.Module):
         q = qk[:, :, :H].transpose(1, 2)  # (B, H, T, D)
         k = qk[:, :, H:].transpose(1, 2)  # (B, Hkv, T, D)
         v = qkv[:, :, H + Hkv:].transpose(1, 2)
-        if kv is None:
+        if write is None:
             # Training / no-cache path: plain causal attention over this sequence.
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=H != Hkv)
         else:
-            kc, vc = kv[0][self.layer_idx], kv[1][self.layer_idx]
-            kc.scatter_(2, idx, k)
-            vc.scatter_(2, idx, v)
+            kc, vc = write(self.layer_idx, k, v)
             # Grouped-query attention without copying K/V: fold the n_rep query heads
             # that share a KV head into the query-length axis (the mask was folded alike).
             q = q.reshape(B, Hkv, (H // Hkv) * T, D)
-            y = F.scaled_dot_product_attention(q, kc[:, :, :kv_len], vc[:, :, :kv_len],
-                                               attn_mask=mask)
+            y = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask)
             y = y.view(B, H, T, D)
         return self.wo(y.transpose(1, 2).reshape(B, T, H * D))
 
@@ -171,8 +229,8 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.feed_forward = FeedForward(cfg)
 
-    def forward(self, x, cos, sin, kv, idx, mask, kv_len):
-        x = x + self.attention(self.attention_norm(x), cos, sin, kv, idx, mask, kv_len)
+    def forward(self, x, cos, sin, write=None, mask=None):
+        x = x + self.attention(self.attention_norm(x), cos, sin, write, mask)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -265,9 +323,10 @@ class Transformer(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.tok_embeddings.weight.dtype
 
-    def new_cache(self, batch: int, max_len: int, static: bool = False) -> KVCache:
-        """A `KVCache` matching this model's shape, dtype and device."""
-        return KVCache(self.config, batch, max_len, dtype=self.dtype, device=self.device, static=static)
+    def new_cache(self, batch: int, max_len: int, static: bool = False, kv_dtype: str = "model") -> KVCache:
+        """A `KVCache` matching this model's shape, dtype and device (`kv_dtype` "model" | "int8")."""
+        return KVCache(self.config, batch, max_len, dtype=self.dtype, device=self.device, static=static,
+                       kv_dtype=kv_dtype)
 
     # ------------------------------------------------------------------ no-cache pass
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -277,7 +336,7 @@ class Transformer(nn.Module):
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.dtype)
         x = self.tok_embeddings(tokens)
         for layer in self.layers:
-            x = layer(x, cos, sin, None, None, None, T)
+            x = layer(x, cos, sin)
         return self.output(self.norm(x))
 
     # ---------------------------------------------------------------- cached passes
@@ -305,8 +364,8 @@ class Transformer(nn.Module):
         else:  # a chunk after earlier content: rows may differ, so ask the device once
             filled = int((cache.lengths + new_len).max())
         self._check_room(cache, filled)
-        x = self._forward_cached(tokens, new_len, cache.k, cache.v, cache.lengths,
-                                 cache.max_len if cache.static else filled, cache.max_len)
+        kv_len = cache.max_len if cache.static else filled
+        x = self._forward_cached(tokens, new_len, cache.lengths, kv_len, cache.writer)
         cache.filled = filled
         if not all_logits:
             x = x[torch.arange(B, device=x.device), new_len - 1][:, None]
@@ -316,8 +375,14 @@ class Transformer(nn.Module):
     def decode_step(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """Append one token per sequence (`tokens`: (B,)) and return logits (B, vocab)."""
         self._check_room(cache, cache.filled + 1)
-        logits = self._decode_fn(tokens, cache.k, cache.v, cache.lengths,
-                                 cache.max_len if cache.static else cache.filled + 1, cache.max_len)
+        kv_len = cache.max_len if cache.static else cache.filled + 1
+        if isinstance(cache, KVCache) and cache.kv_dtype == "model":
+            # Plain tensors in, logits out: the form compile_decode / CUDA graphs capture.
+            logits = self._decode_fn(tokens, cache.k, cache.v, cache.lengths, kv_len, cache.max_len)
+        else:
+            ones = torch.ones_like(tokens)
+            x = self._forward_cached(tokens[:, None], ones, cache.lengths, kv_len, cache.writer)
+            logits = self.output(self.norm(x))[:, 0]
         cache.filled += 1
         return logits
 
@@ -337,31 +402,34 @@ class Transformer(nn.Module):
             raise ValueError(f"{filled} tokens do not fit the KV cache (max_len={cache.max_len})")
 
     def _decode_logits(self, tokens, k, v, lengths, kv_len: int, spare: int) -> torch.Tensor:
+        """One decode step on a plain contiguous cache's tensors (slot `spare` takes padding)."""
         ones = torch.ones_like(tokens)
-        x = self._forward_cached(tokens[:, None], ones, k, v, lengths, kv_len, spare)
+
+        def writer(positions, valid, kv_len):
+            return contiguous_writer(k, v, torch.where(valid, positions, spare), kv_len)
+        x = self._forward_cached(tokens[:, None], ones, lengths, kv_len, writer)
         return self.output(self.norm(x))[:, 0]
 
-    def _forward_cached(self, tokens: torch.Tensor, new_len: torch.Tensor, k: torch.Tensor,
-                        v: torch.Tensor, lengths: torch.Tensor, kv_len: int, spare: int) -> torch.Tensor:
-        """Tensor-only core of the cached passes (no host state, so it compiles whole):
-        writes K/V into `k`, `v`, advances `lengths` in place, returns hidden states."""
+    def _forward_cached(self, tokens: torch.Tensor, new_len: torch.Tensor, lengths: torch.Tensor,
+                        kv_len: int, writer) -> torch.Tensor:
+        """Core of the cached passes (no host state, so it compiles whole): stores K/V
+        through ``writer(positions, valid, kv_len)``, advances `lengths` in place and
+        returns hidden states (B, T, dim)."""
         B, T = tokens.shape
         if B != lengths.shape[0]:
             raise ValueError(f"batch of {B} sequences does not match the cache's batch {lengths.shape[0]}")
-        cfg = self.config
         steps = torch.arange(T, device=tokens.device)
         positions = lengths[:, None] + steps  # (B, T) absolute positions
-        # Real tokens go to their position's slot; padding goes to the spare slot.
-        slots = torch.where(steps < new_len[:, None], positions, spare)
-        idx = slots[:, None, :, None].expand(B, cfg.n_kv_heads, T, cfg.head_dim)
-        # Query at position p sees keys in slots 0..p (causal; slots past a row's length
-        # are stale or empty and are excluded by the same test).
+        valid = steps < new_len[:, None]  # False: right padding, never kept
+        # Query at position p sees keys at positions 0..p (causal; positions past a row's
+        # length are stale or empty and are excluded by the same test).
         mask = torch.arange(kv_len, device=tokens.device) <= positions[:, :, None]  # (B, T, L)
-        n_rep = cfg.n_rep
+        n_rep = self.config.n_rep
         mask = mask[:, None].expand(B, n_rep, T, kv_len).reshape(B, 1, n_rep * T, kv_len)
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.dtype)
+        write = writer(positions, valid, kv_len)
         x = self.tok_embeddings(tokens)
         for layer in self.layers:
-            x = layer(x, cos, sin, (k, v), idx, mask, kv_len)
+            x = layer(x, cos, sin, write, mask)
         lengths += new_len
         return x

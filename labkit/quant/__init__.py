@@ -6,7 +6,7 @@ Public API::
     from labkit.quant import pack_int4, unpack_int4
     from labkit.quant import QuantLinear, quantize_model, kernel_paths, model_bytes, weight_bytes_per_step
     from labkit.quant import collect_act_stats, calibrate, plant_outliers, smooth, decode_tok_s
-    from labkit.quant import kv_bytes_per_token, sequences_that_fit, simulated_int8_kv
+    from labkit.quant import kv_bytes_per_token, sequences_that_fit
     from labkit.quant import experiments   # the chapter's measurements as row-returning functions
 
 `python -m labkit.quant.bench [--quick]` prints the chapter's acceptance figures.
@@ -18,12 +18,12 @@ from labkit.quant.linear import (ACT_MODES, KERNELS, QuantLinear, fake_quant_act
                                  quantize_model, weight_bytes_per_step)
 from labkit.quant.calib import CALIB_METHODS, ActStats, calibrate, collect_act_stats, plant_outliers, smooth
 from labkit.quant.evaluate import decode_tok_s
-from labkit.quant.kv import kv_bytes_per_token, sequences_that_fit, simulated_int8_kv
+from labkit.quant.kv import kv_bytes_per_token, sequences_that_fit
 
 __all__ = [
     "ACT_MODES", "CALIB_METHODS", "GRANULARITIES", "GROUP_SIZES", "KERNELS", "ActStats", "QuantLinear",
     "QuantizedTensor", "Scheme", "calibrate", "collect_act_stats", "decode_tok_s", "dequantize",
     "fake_quant_act", "kernel_paths", "model_bytes", "pack_int4", "parse_scheme", "plant_outliers",
     "quantize", "quantize_model", "smooth", "unpack_int4", "weight_bytes_per_step",
-    "kv_bytes_per_token", "sequences_that_fit", "simulated_int8_kv",
+    "kv_bytes_per_token", "sequences_that_fit",
 ]

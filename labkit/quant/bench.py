@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     print(format_rows(scan[:5]))
     print(format_rows(mixed_precision(tiny, valid, scan, "int4-g128", windows, ks=(0, 1, 2, 4))))
 
-    print("\n== 5. KV cache int8 (accuracy simulated: k/v rounded per token per head) ==")
+    print("\n== 5. KV cache int8 (the decoder's int8 KVCache: allocated bytes, perplexity through the cache, decode tok/s) ==")
     print(format_rows(kv_table(tiny, valid, windows)))
     print(f"\ntotal {time.perf_counter() - t0:.0f} s")
 

@@ -194,20 +194,31 @@ def plot_bytes_vs_ppl(rows: list[dict], ax=None):
 
 
 def kv_table(model: Transformer, valid: torch.Tensor, windows: int, memory_gb: float = 16.0,
-             context: int | None = None) -> list[dict]:
-    """KV-cache fp32 / fp16 / int8: bytes per token, sequences of `context` tokens (default
-    the model's max) fitting in `memory_gb` GB, and perplexity change (int8 simulated)."""
-    from labkit.quant.kv import kv_bytes_per_token, sequences_that_fit, simulated_int8_kv
+             context: int | None = None, decode_context: int = 64, repeat: int = 5) -> list[dict]:
+    """KV cache in the model's dtype vs int8, both measured through the decoder's `KVCache`:
+    bytes per token (allocated bytes / slots), sequences of `context` tokens (default the
+    model's max) fitting in `memory_gb` GB, perplexity through the cache, and batch-1 decode
+    tokens/s at `decode_context` cached tokens. An fp16 row (bytes only) is added for scale."""
+    from labkit.quant.evaluate import decode_tok_s
+    from labkit.quant.kv import kv_bytes_per_token, sequences_that_fit
 
     cfg, context = model.config, context or model.config.max_seq_len
-    base = perplexity(model, valid, max_windows=windows)
-    with simulated_int8_kv(model):
-        p8 = perplexity(model, valid, max_windows=windows)
-    rows = []
-    for kind, ppl in (("fp32", base), ("fp16", float("nan")), ("int8", p8)):
-        rows.append({"kv": kind, "bytes_per_token": kv_bytes_per_token(cfg, kind),
+    name = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[model.dtype]
+    rows, base = [], None
+    for kv_dtype, kind in (("model", name), ("int8", "int8")):
+        cache = model.new_cache(1, context, kv_dtype=kv_dtype)
+        per_token = cache.nbytes // (context + 1)  # the cache holds one spare slot per row
+        assert per_token == kv_bytes_per_token(cfg, kind), "allocated bytes disagree with the formula"
+        ppl = perplexity(model, valid, max_windows=windows, kv_dtype=kv_dtype)
+        base = base or ppl
+        rows.append({"kv": kind, "bytes_per_token": per_token,
                      f"seqs_of_{context}_in_{memory_gb:g}GB": sequences_that_fit(cfg, memory_gb * 1e9, context, kind),
-                     "ppl": ppl, "dppl_pct": 100 * (ppl / base - 1)})
+                     "ppl": ppl, "dppl_pct": 100 * (ppl / base - 1),
+                     "decode_tok_s": decode_tok_s(model, 1, decode_context, repeat, kv_dtype=kv_dtype)})
+    if name == "fp32":
+        rows.insert(1, {"kv": "fp16 (bytes only)", "bytes_per_token": kv_bytes_per_token(cfg, "fp16"),
+                        f"seqs_of_{context}_in_{memory_gb:g}GB": sequences_that_fit(cfg, memory_gb * 1e9, context, "fp16"),
+                        "ppl": float("nan"), "dppl_pct": float("nan"), "decode_tok_s": float("nan")})
     return rows
 
 
