@@ -55,6 +55,25 @@ def test_real_int8_kernels_are_close():
         assert (lin(x) - ref).abs().max() < 0.05 * ref.abs().max()
 
 
+@pytest.mark.parametrize("scheme", ["int4-g32", "int4-g64", "int4-g128-asym"])
+def test_real_int4_kernel_matches_dequantized_weights(scheme):
+    torch.manual_seed(0)
+    w, x = torch.randn(96, 256) / 16, torch.randn(2, 3, 256)
+    ref_lin = QuantLinear(w, scheme, kernel="dequant")
+    lin = QuantLinear(w, scheme)  # auto picks the int4 kernel on CPU
+    assert lin.kernel == "int4pack_bf16" and "int4pack" in lin.kernel_path
+    # Reference: the same codes dequantized, with activations rounded to bf16 as the kernel does.
+    ref = F.linear(x.bfloat16().float(), ref_lin.qweight.dequantize())
+    assert (lin(x) - ref).abs().max() < 0.02 * ref.abs().max()
+    # The layer holds only the kernel's copy: N*K/2 code bytes + (K/G)*N bf16 (scale, zero) pairs.
+    g = int(scheme.split("-g")[1].split("-")[0])
+    assert lin.nbytes == 96 * 256 // 2 + (256 // g) * 96 * 2 * 2
+    assert lin.nbytes == sum(b.numel() * b.element_size() for b in lin.buffers())
+    with pytest.raises(ValueError, match="divisible by 16"):
+        QuantLinear(torch.randn(24, 64), "int4-g32", kernel="int4pack_bf16")
+    assert QuantLinear(torch.randn(24, 64), "int4-g32").kernel == "dequant"  # auto falls back
+
+
 @pytest.mark.parametrize("scheme,per_weight_bits", [("int8", 8), ("int4-g32", 4), ("int4-g128-asym", 4)])
 def test_reported_bytes_equal_stored_bytes(scheme, per_weight_bits):
     w = torch.randn(64, 256)

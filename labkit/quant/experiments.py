@@ -24,8 +24,9 @@ WEIGHT_SCHEMES = {
     "int8 (int8pack_mm)": dict(scheme="int8", kernel="int8pack_bf16"),
     "int8 (ao dynamic)": dict(scheme="int8", kernel="ao_dynamic"),
     "int8 (dequant)": dict(scheme="int8", kernel="dequant"),
-    "int4-g128": dict(scheme="int4-g128"),
-    "int4-g32": dict(scheme="int4-g32"),
+    "int4-g128 (int4pack_mm)": dict(scheme="int4-g128"),
+    "int4-g32 (int4pack_mm)": dict(scheme="int4-g32"),
+    "int4-g32 (dequant)": dict(scheme="int4-g32", kernel="dequant"),
     "mixed int4-g32, fp32 output": dict(scheme="int4-g32", keep=["output"]),
 }
 
@@ -82,7 +83,7 @@ def weight_table(model: Transformer, valid: torch.Tensor, names: Iterable[str], 
 
 
 def c10_decode(preset: str = "small", overrides: dict | None = None, names: Iterable[str] = (
-        "fp32", "fp16", "int8 (int8pack_mm)", "int8 (ao dynamic)"), batches: Iterable[int] = (1,),
+        "fp32", "fp16", "int8 (int8pack_mm)", "int8 (ao dynamic)", "int4-g128 (int4pack_mm)"), batches: Iterable[int] = (1,),
         repeat: int = 5, rounds: int = 3) -> list[dict]:
     """C10 on a memory-bound (random-init) preset: bytes read per decode step and decode
     tokens/s of each variant, plus the speed-up predicted from bytes alone vs fp32.

@@ -8,7 +8,11 @@ int8 bytes can be multiplied in very different ways:
 * ``"int8pack_bf16"`` ``torch._weight_int8pack_mm``: a real int8 weight-only kernel;
                       on CPU it is only fast with bf16 activations, so x is cast to bf16;
 * ``"ao_dynamic"``    torch.ao's dynamic-quantized linear (fbgemm/x86): int8 weights *and*
-                      int8 activations quantized per tensor on the fly (W8A8-dynamic).
+                      int8 activations quantized per tensor on the fly (W8A8-dynamic);
+* ``"int4pack_bf16"`` ``torch._weight_int4pack_mm_for_cpu``: a real group-wise int4
+                      weight-only kernel (tinygemm's format) on CPU, bf16 activations; the
+                      layer then holds only the kernel's packed codes and bf16 scale/zero
+                      pairs. (Its fp32-activation variant measured ~10x slower here.)
 
 Activations can be fake-quantized to int8 (simulated W8A8: the error is real, the
 matmul is fp32) with a static per-tensor scale from calibration, static per-channel
@@ -26,16 +30,30 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from labkit.quant.core import QuantizedTensor, Scheme, parse_scheme
+from labkit.quant.core import QuantizedTensor, Scheme, parse_scheme, unpack_int4
 
-KERNELS = ("auto", "dequant", "int8pack_bf16", "ao_dynamic")
+KERNELS = ("auto", "dequant", "int8pack_bf16", "ao_dynamic", "int4pack_bf16")
 ACT_MODES = ("tensor", "channel", "token")
 
 KERNEL_LABELS = {
     "dequant": "dequantize->fp32 F.linear (no low-precision kernel)",
     "int8pack_bf16": "torch._weight_int8pack_mm, int8 weights x bf16 activations",
     "ao_dynamic": "torch.ao dynamic int8 linear (W8A8-dynamic, per-tensor activation scale)",
+    "int4pack_bf16": "torch._weight_int4pack_mm_for_cpu, packed int4 weights x bf16 activations",
 }
+
+
+def int4pack_supported(weight: torch.Tensor, scheme: Scheme) -> str | None:
+    """None if the CPU int4 kernel can take `weight` (N×K) with `scheme`, else why not."""
+    if scheme.bits != 4 or scheme.granularity != "group":
+        return f"needs a group-wise int4 scheme, got {scheme}"
+    if weight.device.type != "cpu":
+        return "the int4 kernel wired here is the CPU one (CUDA's tinygemm layout is not wired)"
+    if not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"):
+        return f"torch {torch.__version__} has no _weight_int4pack_mm_for_cpu"
+    if weight.shape[0] % 16:
+        return f"the kernel needs out_features divisible by 16, got {weight.shape[0]}"
+    return None
 
 
 def fake_quant_act(x: torch.Tensor, mode: str, scale: torch.Tensor | None = None) -> torch.Tensor:
@@ -63,15 +81,22 @@ class QuantLinear(nn.Module):
         self.out_features, self.in_features = weight.shape
         self.qweight = QuantizedTensor(weight.detach(), self.scheme)
         int8_channel = self.scheme.bits == 8 and self.scheme.granularity == "channel" and self.scheme.symmetric
+        int4_why_not = int4pack_supported(weight, self.scheme)
         if kernel == "auto":
-            kernel = "int8pack_bf16" if int8_channel and act_mode is None else "dequant"
-        if kernel != "dequant" and not (int8_channel and act_mode is None):
+            kernel = ("dequant" if act_mode is not None else "int8pack_bf16" if int8_channel
+                      else "int4pack_bf16" if int4_why_not is None else "dequant")
+        if kernel == "int4pack_bf16" and (int4_why_not or act_mode is not None):
+            raise ValueError(f"kernel='int4pack_bf16' unavailable: {int4_why_not or 'weight-only only'}")
+        if kernel in ("int8pack_bf16", "ao_dynamic") and not (int8_channel and act_mode is None):
             raise ValueError(f"kernel={kernel!r} needs weight-only symmetric per-channel int8; "
                              f"use 'dequant' for scheme {self.scheme}")
         self.kernel = kernel
         self.act_mode, self.act_scale = act_mode, act_scale
         if act_mode is not None and act_mode not in ACT_MODES:
             raise ValueError(f"act_mode={act_mode!r} not allowed; choose one of {ACT_MODES} or None")
+        if kernel == "int4pack_bf16":
+            self._pack_int4()
+            return
         # Register the stored tensors so state_dict/bytes accounting sees exactly them.
         for name, t in (("q_data", self.qweight.data), ("q_scale", self.qweight.scale),
                         ("q_zero", self.qweight.zero)):
@@ -80,6 +105,21 @@ class QuantLinear(nn.Module):
             self._scale_bf16 = self.qweight.scale.reshape(-1).to(torch.bfloat16)
         elif kernel == "ao_dynamic":
             self._ao = self._build_ao()
+
+    def _pack_int4(self) -> None:
+        """Re-express our codes in the kernel's format and drop the generic copy.
+
+        tinygemm dequantizes w = (u − 8)·scale + zero for unsigned codes u in 0..15. Ours:
+        symmetric u = q + 8, w = q·scale → zero = 0; asymmetric w = (u − z)·scale →
+        zero = (8 − z)·scale. Scale/zero pairs are laid out (K/G, N, 2) in bf16."""
+        qt, N, K = self.qweight, self.out_features, self.in_features
+        codes = unpack_int4(qt.data).reshape(N, K).to(torch.int32)
+        scale = qt.scale.reshape(N, -1)
+        zero = torch.zeros_like(scale) if qt.zero is None else (8 - qt.zero.reshape(N, -1).float()) * scale
+        self.register_buffer("q_packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1))
+        self.register_buffer("q_scale_zero", torch.stack((scale, zero), -1).transpose(0, 1)
+                             .contiguous().to(torch.bfloat16))
+        self.qweight = None  # the kernel's copy is the only one held
 
     def _build_ao(self) -> nn.Module:
         """torch.ao's dynamic int8 linear holding exactly our int8 codes and scales."""
@@ -105,12 +145,19 @@ class QuantLinear(nn.Module):
     @property
     def nbytes(self) -> int:
         """Bytes of the stored weight (codes + scales + zero-points)."""
+        if self.kernel == "int4pack_bf16":
+            return sum(t.numel() * t.element_size() for t in (self.q_packed, self.q_scale_zero))
         return self.qweight.nbytes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernel == "int8pack_bf16":
             y = torch._weight_int8pack_mm(x.reshape(-1, self.in_features).to(torch.bfloat16),
                                           self.qweight.data, self._scale_bf16)
+            return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        if self.kernel == "int4pack_bf16":
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                x.reshape(-1, self.in_features).to(torch.bfloat16), self.q_packed,
+                self.scheme.group_size, self.q_scale_zero)
             return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         if self.kernel == "ao_dynamic":
             return self._ao(x)
