@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 
@@ -50,7 +51,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="JSON path (default build/bench/<device>-<threads>t.json)")
     p.add_argument("--check", action="store_true", help="only compare labkit with numpy / torch.matmul")
     p.set_defaults(func=_bench)
+
+    # Sub-commands that live in their own packages (they import torch and their stacks).
+    for module, name, what in (("labkit.serve.cli", "serve", "run the OpenAI-compatible inference server"),
+                               ("labkit.loadgen.cli", "loadtest", "load-test an OpenAI-compatible endpoint")):
+        try:
+            importlib.import_module(module).add_parser(sub)
+        except ImportError as err:  # e.g. a package missing: say so when the command is used
+            p = sub.add_parser(name, help=f"{what} (unavailable: {err})")
+            p.set_defaults(func=lambda _args, name=name, err=err: _unavailable(name, err))
     return parser
+
+
+def _unavailable(name: str, err: ImportError) -> int:
+    print(f"labkit {name} is unavailable: {err}. Run `make setup` to install labkit's dependencies.",
+          file=sys.stderr)
+    return 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -67,6 +67,17 @@ class Policy:
         self.queues: dict[int, WaitQueue] = {}
         self.waiting = 0
 
+    def remove(self, seq: Any) -> bool:
+        """Take a waiting `seq` out of its queue (a cancelled request); False if it was not there."""
+        q = self._queue(seq)
+        kept = [e for e in q.heap if e[3] is not seq]
+        if len(kept) == len(q.heap):
+            return False
+        q.heap = kept
+        heapq.heapify(q.heap)
+        self.waiting -= 1
+        return True
+
     def _queue(self, seq: Any) -> WaitQueue:
         key = seq.cls if self.queue_kind == "pools" else 0
         if key not in self.queues:

@@ -1,0 +1,236 @@
+"""The HTTP side: a FastAPI app over an `Engine` running in its own thread.
+
+Endpoints: ``POST /v1/completions`` (OpenAI-compatible, streaming as server-sent events
+or not, with `usage`), ``GET /health``, ``GET /metrics`` (Prometheus text),
+``GET /v1/models``.
+
+The engine thread hands each step's events to the event loop with one
+``call_soon_threadsafe``; each request reads its own asyncio queue. A client that goes
+away (stream cancelled by Starlette, or a non-streaming request whose connection drops)
+cancels its sequence, which frees its KV blocks at the engine's next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.background import BackgroundTask
+
+from labkit.serve import protocol
+from labkit.serve.engine import Engine, EngineClosed, Event, QueueFull
+from labkit.serve.protocol import BadRequest, CompletionRequest, Detokenizer, Reply
+
+log = logging.getLogger("labkit.serve")
+RETRY_AFTER_S = 1  # what a 429 tells the client to wait (s)
+
+
+def tenant_of(request: Request, req: CompletionRequest) -> str:
+    """Whose cache entries a request may see: the bearer API key, else `user`, else anonymous."""
+    auth = request.headers.get("authorization", "")
+    if auth.lower().startswith("bearer ") and auth[7:].strip():
+        return "key:" + auth[7:].strip()
+    return "user:" + req.user if req.user else "anonymous"
+
+
+class Service:
+    """What the handlers share: engine, tokenizer, model name, optional result cache."""
+
+    def __init__(self, engine: Engine, tokenizer: Any, model_name: str, cache: Any = None):
+        self.engine, self.tok, self.model_name, self.cache = engine, tokenizer, model_name, cache
+        self.metrics = engine.metrics
+        self.loop: asyncio.AbstractEventLoop | None = None
+        engine.listener = self._from_engine
+
+    # engine thread -> event loop
+    def _from_engine(self, events: list[Event]) -> None:
+        loop = self.loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._dispatch, events)
+
+    @staticmethod
+    def _dispatch(events: list[Event]) -> None:
+        for req, kind, value in events:
+            req.tag.put_nowait((kind, value))
+
+    async def cache_call(self, method: str, *args: Any) -> Any:
+        """`cache.get` / `cache.put` off the event loop (a semantic cache embeds the prompt);
+        a failing cache is logged and treated as a miss, never fails the request."""
+        if self.cache is None:
+            return None
+        try:
+            return await asyncio.to_thread(getattr(self.cache, method), *args)
+        except Exception:
+            log.exception("result cache %s failed; answering without it", method)
+            return None
+
+    def prompt_ids(self, req: CompletionRequest) -> list[int]:
+        ids = self.tok.encode(req.prompt) if isinstance(req.prompt, str) else req.prompt
+        cfg = self.engine.cfg
+        if not ids:
+            raise BadRequest("'prompt' must hold at least 1 token", "prompt")
+        if isinstance(req.prompt, list) and not all(0 <= t < self.engine.vocab for t in ids):
+            raise BadRequest(f"'prompt' token ids must lie in [0, {self.engine.vocab})", "prompt")
+        if len(ids) >= cfg.max_model_len:
+            raise BadRequest(f"'prompt' is {len(ids)} tokens; at most {cfg.max_model_len - 1} allowed "
+                             f"(max_model_len {cfg.max_model_len} includes the output)", "prompt")
+        if req.max_tokens > cfg.max_model_len - len(ids):
+            raise BadRequest(f"'max_tokens' is {req.max_tokens}; with a {len(ids)}-token prompt at most "
+                             f"{cfg.max_model_len - len(ids)} allowed (max_model_len {cfg.max_model_len})",
+                             "max_tokens")
+        return ids
+
+
+def create_app(service: Service) -> FastAPI:
+    app = FastAPI(title="labkit serve", docs_url=None, redoc_url=None)
+    engine, metrics = service.engine, service.metrics
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if engine.closing:
+            return JSONResponse({"status": "shutting down"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def prometheus() -> PlainTextResponse:
+        return PlainTextResponse(metrics.render(engine.gauges()), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": service.model_name, "object": "model", "owned_by": "labkit",
+                                            "max_model_len": engine.cfg.max_model_len}]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        t0 = time.monotonic()
+        service.loop = service.loop or asyncio.get_running_loop()
+        try:
+            req = protocol.parse_completion(protocol.parse_json(await request.body()))
+            ids = service.prompt_ids(req)
+        except BadRequest as e:
+            metrics.count("invalid")
+            return JSONResponse(e.body(), status_code=e.status)
+        reply = Reply(service.model_name)
+        tenant = tenant_of(request, req)
+        text = await service.cache_call("get", tenant, _text(req.prompt, service.tok), req.cache_params())
+        if text is not None:
+            metrics.add("cache_hits")
+            return _cached(req, reply, ids, text, service.tok)
+        queue: asyncio.Queue = asyncio.Queue()
+        try:
+            handle = engine.submit(ids, req.max_tokens, temperature=req.temperature, top_p=req.top_p,
+                                   top_k=req.top_k, seed=req.seed, ignore_eos=req.ignore_eos, arrival=t0, tag=queue)
+        except QueueFull as e:
+            metrics.count("rejected")
+            return JSONResponse(protocol.error_body(str(e), "rate_limit_error"), status_code=429,
+                                headers={"Retry-After": str(RETRY_AFTER_S)})
+        except EngineClosed as e:
+            metrics.count("rejected")
+            return JSONResponse(protocol.error_body(str(e), "service_unavailable"), status_code=503,
+                                headers={"Retry-After": str(RETRY_AFTER_S)})
+        except ValueError as e:  # the engine's own checks (KV capacity)
+            metrics.count("invalid")
+            return JSONResponse(protocol.error_body(str(e), "invalid_request_error", "max_tokens"), status_code=400)
+        detok = Detokenizer(service.tok, skip={engine.cfg.eos_id})
+
+        async def store(text: str) -> None:
+            await service.cache_call("put", tenant, _text(req.prompt, service.tok), req.cache_params(), text)
+
+        if req.stream:
+            return StreamingResponse(_stream(engine, handle, queue, req, reply, detok, store),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return await _complete(engine, handle, queue, request, reply, detok, store)
+
+    return app
+
+
+def _text(prompt: str | list[int], tok: Any) -> str:
+    return prompt if isinstance(prompt, str) else tok.decode(prompt)
+
+
+def _cached(req: CompletionRequest, reply: Reply, ids: list[int], text: str, tok: Any):
+    """A cache hit, answered in the request's form; completion tokens are the answer's real ids."""
+    n = len(tok.encode(text))
+    use = protocol.usage(len(ids), n)
+    reason = "length" if n >= req.max_tokens else "stop"  # the cache keeps text, not the reason
+    if not req.stream:
+        return JSONResponse(reply.full(text, reason, use))
+
+    async def events() -> AsyncIterator[bytes]:
+        yield reply.chunk(text)
+        yield reply.chunk("", reason)
+        if req.include_usage:
+            yield reply.usage_chunk(use)
+        yield protocol.sse("[DONE]")
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+async def _stream(engine: Engine, handle, queue: asyncio.Queue, req: CompletionRequest, reply: Reply,
+                  detok: Detokenizer, store) -> AsyncIterator[bytes]:
+    """SSE chunks: one per token that completes text, a final one with finish_reason, usage if
+    asked, then [DONE]; an engine error becomes an error event. If Starlette cancels this
+    generator (the client disconnected), the `finally` cancels the sequence."""
+    text: list[str] = []
+    try:
+        while True:
+            kind, value = await queue.get()
+            if kind == "token":
+                piece = detok.add(value)
+                if piece:
+                    text.append(piece)
+                    yield reply.chunk(piece)
+                continue
+            if value in ("stop", "length"):
+                rest = detok.flush()
+                text.append(rest)
+                yield reply.chunk(rest, value)
+                if req.include_usage:
+                    yield reply.usage_chunk(protocol.usage(handle.prompt, handle.n_out))
+                yield protocol.sse("[DONE]")
+                await store("".join(text))
+            else:
+                yield protocol.sse(protocol.error_body(handle.error or value, "server_error"))
+                yield protocol.sse("[DONE]")
+            return
+    finally:
+        if handle.state != "done":
+            engine.cancel(handle)
+
+
+async def _complete(engine: Engine, handle, queue: asyncio.Queue, request: Request, reply: Reply,
+                    detok: Detokenizer, store):
+    """Wait for the whole completion, or for the client to hang up (then cancel it)."""
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watch = asyncio.ensure_future(disconnected())
+    try:
+        text: list[str] = []
+        while True:
+            get = asyncio.ensure_future(queue.get())
+            done, _ = await asyncio.wait({get, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if get not in done:
+                get.cancel()
+                engine.cancel(handle)
+                return JSONResponse(protocol.error_body("client disconnected", "cancelled"), status_code=499)
+            kind, value = get.result()
+            if kind == "token":
+                text.append(detok.add(value))
+            elif value in ("stop", "length"):
+                text.append(detok.flush())
+                answer = "".join(text)
+                return JSONResponse(reply.full(answer, value, protocol.usage(handle.prompt, handle.n_out)),
+                                    background=BackgroundTask(store, answer))  # cached after sending
+            else:
+                return JSONResponse(protocol.error_body(handle.error or value, "server_error"),
+                                    status_code=503 if engine.closing else 500)
+    finally:
+        watch.cancel()
+        if handle.state != "done":
+            engine.cancel(handle)

@@ -1,0 +1,257 @@
+"""Run the server: `ServerConfig`, `run()` (this process, blocking) and `start_server()`
+(a child process, for tests, notebooks and the load generator).
+
+    from labkit.serve import ServerConfig, start_server
+    with start_server(ServerConfig(preset="tiny", policy="continuous", port=0)) as srv:
+        srv.url        # "http://127.0.0.1:<port>"
+        srv.metrics()  # GET /metrics parsed into {sample name: value}
+
+Shutdown (SIGTERM / SIGINT, or leaving the `with` block): the server stops accepting,
+new requests on open connections get 503, requests in flight may finish for `drain_s`
+seconds and are then ended with an error; the process exits 0 within seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from labkit.serve.engine import POLICIES, Engine, EngineConfig
+from labkit.serve.metrics import parse_prometheus
+
+log = logging.getLogger("labkit.serve")
+CACHES = ("exact", "semantic")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclasses.dataclass
+class ServerConfig:
+    """Everything `labkit serve` takes. Engine fields as in `EngineConfig`; `threads`: torch
+    intra-op threads in the server process (1 leaves the other cores to a load generator);
+    `cache`: None | "exact" | "semantic" result cache (`labkit.serve.cache`); `drain_s`: how
+    long shutdown lets requests in flight finish (s); `device`: "auto" | "cpu" | "cuda" ...
+    `port` 0 picks a free port."""
+
+    preset: str = "tiny"
+    policy: str = "continuous"
+    port: int = 8000
+    host: str = "127.0.0.1"
+    max_batch: int = 16
+    max_queue: int = 64
+    block_size: int = 16
+    kv_blocks: int | None = None
+    kv_dtype: str = "model"
+    kv_reserve: str = "on_demand"
+    max_model_len: int = 512
+    threads: int = 1
+    cache: str | None = None
+    max_wait: float = 0.05
+    token_budget: int = 512
+    watermark: float = 0.01
+    drain_s: float = 5.0
+    device: str = "auto"
+    seed: int = 0
+    log_level: str = "warning"
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy {self.policy!r} unknown; choose one of {', '.join(POLICIES)}")
+        if self.cache is not None and self.cache not in CACHES:
+            raise ValueError(f"cache {self.cache!r} unknown; choose None or one of {', '.join(CACHES)}")
+        if not (isinstance(self.port, int) and 0 <= self.port <= 65535):
+            raise ValueError(f"port must be an integer in 0..65535 (0 = any free port), got {self.port!r}")
+        if not (isinstance(self.threads, int) and self.threads >= 0):
+            raise ValueError(f"threads must be an integer >= 0 (0 = torch's default), got {self.threads!r}")
+        if not self.drain_s >= 0:
+            raise ValueError(f"drain_s must be >= 0 s, got {self.drain_s!r}")
+
+    def engine_config(self, eos_id: int | None) -> EngineConfig:
+        return EngineConfig(policy=self.policy, max_batch=self.max_batch, max_queue=self.max_queue,
+                            block_size=self.block_size, kv_blocks=self.kv_blocks, kv_dtype=self.kv_dtype,
+                            kv_reserve=self.kv_reserve, max_model_len=self.max_model_len,
+                            watermark=self.watermark, max_wait=self.max_wait, token_budget=self.token_budget,
+                            eos_id=eos_id, seed=self.seed)
+
+    def to_args(self) -> list[str]:
+        """The `labkit serve` command-line arguments for this config."""
+        out = []
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if v is not None:
+                out += [f"--{f.name.replace('_', '-')}", str(v)]
+        return out
+
+
+def load_model(preset: str, device: str = "auto") -> Any:
+    """The decoder to serve: the trained checkpoint for "tiny", random weights otherwise."""
+    from labkit.device import pick
+    from labkit.model import Transformer, load_tiny
+
+    dev = pick(device)
+    if preset == "tiny":
+        return load_tiny(device=dev).eval()
+    print(f"labkit serve: preset {preset!r} has no trained checkpoint; serving random weights "
+          "(speed work only, the text is noise)", flush=True)
+    return Transformer.from_preset(preset, device=dev)
+
+
+def trained_context() -> int | None:
+    """Sequence length the shipped tiny checkpoint was trained at (tokens), from data/tiny."""
+    try:
+        return json.loads((REPO_ROOT / "data" / "tiny" / "config.json").read_text())["training"]["seq_len"]
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def build(cfg: ServerConfig):
+    """Model, tokenizer, engine, service and FastAPI app for `cfg` (the engine not started)."""
+    from labkit.serve.app import Service, create_app
+    from labkit.tokenizer import load_tokenizer
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    model = load_model(cfg.preset, cfg.device)
+    if cfg.max_model_len > model.config.max_seq_len:
+        raise ValueError(f"max_model_len {cfg.max_model_len} exceeds the {cfg.preset} model's context "
+                         f"({model.config.max_seq_len} tokens); allowed 1..{model.config.max_seq_len}")
+    ctx = trained_context() if cfg.preset == "tiny" else None
+    if ctx and cfg.max_model_len > ctx:
+        print(f"labkit serve: max_model_len {cfg.max_model_len} is past the {ctx}-token context the tiny "
+              "checkpoint was trained at; RoPE runs there, but text quality drops", flush=True)
+    tok = load_tokenizer()
+    if tok.vocab_size > model.config.vocab_size:
+        raise ValueError(f"tokenizer vocab {tok.vocab_size} > model vocab {model.config.vocab_size}")
+    engine = Engine(model, cfg.engine_config(tok.eos_id))
+    cache = None
+    if cfg.cache:
+        from labkit.serve.cache import make_cache
+
+        cache = make_cache(cfg.cache)
+    service = Service(engine, tok, cfg.preset, cache)
+    return service, create_app(service)
+
+
+def run(cfg: ServerConfig, port_file: str | None = None) -> int:
+    """Serve until SIGTERM/SIGINT (blocking); returns the exit status."""
+    import uvicorn
+
+    logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    service, app = build(cfg)
+    engine = service.engine
+    sock = socket.socket(socket.AF_INET6 if ":" in cfg.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((cfg.host, cfg.port))
+    port = sock.getsockname()[1]
+    if cfg.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"labkit serve: WARNING listening on {cfg.host}, reachable from other machines", flush=True)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            # Stop taking requests and start the drain clock at the first signal; a second
+            # SIGINT forces the exit. The signal is not re-raised afterwards: exit 0.
+            engine.begin_shutdown(cfg.drain_s)
+            self.force_exit = self.should_exit and sig == signal.SIGINT
+            self.should_exit = True
+
+    server = Server(uvicorn.Config(app, log_level=cfg.log_level, access_log=False, lifespan="off",
+                                   timeout_graceful_shutdown=int(cfg.drain_s + 2), timeout_keep_alive=5))
+    engine.warmup()
+    engine.start(threads=cfg.threads or None)
+    print(f"labkit serve: http://{cfg.host}:{port} preset={cfg.preset} policy={cfg.policy} "
+          f"max_batch={cfg.max_batch} kv={engine.kv.total}x{cfg.block_size}-token blocks ({cfg.kv_dtype}, "
+          f"{cfg.kv_reserve}) threads={torch.get_num_threads()}", flush=True)
+    if port_file:
+        Path(port_file).write_text(str(port))
+    try:
+        server.run(sockets=[sock])
+    finally:
+        engine.begin_shutdown(0.0)
+        engine.join(10.0)
+    return 0
+
+
+class ServerHandle:
+    """A server in a child process; `stop()` (or leaving `with`) shuts it down gracefully."""
+
+    def __init__(self, proc: subprocess.Popen, port: int, host: str, log_path: Path):
+        self.proc, self.port, self.host, self.log_path = proc, port, host, log_path
+        self.url = f"http://{host}:{port}"
+
+    def get(self, path: str, timeout: float = 10.0) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=timeout) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def metrics(self) -> dict[str, float]:
+        """GET /metrics parsed: {"labkit_running": 3.0, 'labkit_requests_total{status="completed"}': 12.0, ...}."""
+        status, text = self.get("/metrics")
+        if status != 200:
+            raise RuntimeError(f"GET /metrics answered {status}: {text[:200]}")
+        return parse_prometheus(text)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self, timeout: float = 20.0) -> int:
+        """SIGTERM, wait up to `timeout` s for the graceful exit (then kill); returns the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        return self.proc.returncode
+
+    def __enter__(self) -> "ServerHandle":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def start_server(cfg: ServerConfig, timeout_s: float = 60.0) -> ServerHandle:
+    """Start `python -m labkit.serve` with `cfg` in a child process; return once GET /health
+    answers 200. Output goes to a log file (`handle.log()`); a failed start raises with it."""
+    tmp = Path(tempfile.mkdtemp(prefix="labkit-serve-"))
+    port_file, log_path = tmp / "port", tmp / "server.log"
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "labkit.serve", *cfg.to_args(), "--port-file", str(port_file)],
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    deadline = time.monotonic() + timeout_s
+    handle = None
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"labkit serve exited with {proc.returncode} during start-up:\n"
+                               f"{log_path.read_text(errors='replace')[-3000:]}")
+        if handle is None and port_file.exists() and port_file.read_text().strip():
+            handle = ServerHandle(proc, int(port_file.read_text()), cfg.host, log_path)
+        if handle is not None:
+            try:
+                if handle.get("/health", timeout=2.0)[0] == 200:
+                    return handle
+            except OSError:
+                pass
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait(5)
+    raise TimeoutError(f"labkit serve did not answer /health within {timeout_s} s:\n"
+                       f"{log_path.read_text(errors='replace')[-3000:]}")
