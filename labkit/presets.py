@@ -92,19 +92,78 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
                  "keep_ks": [0, 1, 2, 4, 8], "kv_memory_gb": 16.0},
     },
     # 05_pruning_distillation (issue 7): owned by labkit.prune / labkit.distill.
+    # C12 speed: one matmul_n x matmul_n fp32 weight (64 MiB at 4096) and decode of `speed_preset`
+    # (+ overrides, random init; full `small` is ~400 MB of weights, the smoke one ~110 MB with a small
+    # vocabulary so the blocks, not the output head, dominate) at `sparsities`; CSR break-even
+    # `sweep`; best of `rounds` interleaved rounds of `repeat` calls. Accuracy on the tiny checkpoint,
+    # `ppl_windows` x 256 validation tokens; `recovery`, `distill`: steps x batch_size x seq_len
+    # tokens; `kd`: KD loss; orders of D(istill) / P(rune) / Q(uantize); train text cut to `train_chars`;
+    # `threads`: torch intra-op threads (1 in smoke: CI machines are shared; None = all cores).
     "pruning": {
-        "smoke": {},
-        "full": {},
+        "smoke": {"threads": 1, "matmul_n": 4096, "sweep": [0.5, 0.7, 0.8, 0.9, 0.95, 0.99],
+                  "sparsities": [0.5, 0.75], "speed_preset": "small",
+                  "speed_overrides": {"n_layers": 4, "vocab_size": 4096},
+                  "repeat": 3, "rounds": 2, "ppl_windows": 2, "calib_windows": 2, "train_chars": 300_000,
+                  "recovery": {"steps": 3, "batch_size": 4, "seq_len": 64, "lr": 3e-4},
+                  "distill": {"steps": 12, "batch_size": 4, "seq_len": 64},
+                  "kd": {"temperature": 1.0, "kd_weight": 1.0}, "student_overrides": {"n_layers": 2},
+                  "orders": ["DPQ", "PDQ", "QDP"], "order_sparsity": 0.5},
+        "full": {"threads": None, "matmul_n": 4096,
+                 "sweep": [0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 0.98, 0.99],
+                 "sparsities": [0.5, 0.75], "speed_preset": "small", "speed_overrides": {},
+                 "repeat": 10, "rounds": 3, "ppl_windows": 16, "calib_windows": 4, "train_chars": None,
+                 "recovery": {"steps": 20, "batch_size": 8, "seq_len": 256, "lr": 3e-4},
+                 "distill": {"steps": 120, "batch_size": 8, "seq_len": 256},
+                 "kd": {"temperature": 1.0, "kd_weight": 1.0}, "student_overrides": {"n_layers": 2},
+                 "orders": ["DPQ", "PDQ", "QDP"], "order_sparsity": 0.5},
     },
-    # 07_kv_and_result_cache (issue 10): KV calculator, paged vs contiguous, result cache.
+    # 07_kv_and_result_cache (issue 10): the engine serves `engine_requests` mixed-length requests
+    # (lognormal, medians in tokens) at a KV budget of `engine_budget_tokens` fp32 tokens' worth of
+    # bytes; int8 KV: `int8_requests` (enough that int8's memory, not the workload, bounds
+    # concurrency), perplexity on `ppl_windows` x 256 tokens, decode speed of `speed_batch` sequences
+    # of `speed_tokens` prompt + `speed_tokens` output tokens; the semantic cache: encoder ("auto":
+    # MiniLM if the embed extra is installed), isolation test on `isolation_pairs` pairs (None: all),
+    # hit path vs model call through `labkit serve`.
     "kv_cache": {
-        "smoke": {},
-        "full": {},
+        "smoke": {"engine_requests": 48, "int8_requests": 112, "engine_max_len": 256,
+                  "engine_budget_tokens": 1024, "prompt_median": 32, "output_median": 32,
+                  "block_sizes": [4, 16, 64], "ppl_windows": 4, "speed_batch": 8, "speed_tokens": 32,
+                  "speed_repeat": 1, "encoder": "auto", "isolation_pairs": 20, "latency_prompts": 10, "latency_repeat": 1,
+                  "index_sizes": [1000, 10000], "server_cache": "semantic", "server_requests": 4,
+                  "server_max_tokens": 16},
+        "full": {"engine_requests": 512, "int8_requests": 1024, "engine_max_len": 512,
+                 "engine_budget_tokens": 8192, "prompt_median": 64, "output_median": 64,
+                 "block_sizes": [1, 4, 8, 16, 32, 64, 128], "ppl_windows": 16, "speed_batch": 16, "speed_tokens": 64,
+                 "speed_repeat": 3, "encoder": "auto", "isolation_pairs": None, "latency_prompts": 50, "latency_repeat": 3,
+                 "index_sizes": [1000, 10000, 100000], "server_cache": "semantic", "server_requests": 16,
+                 "server_max_tokens": 64},
     },
-    # 08_p99_and_load (issue 9): real server, load generator, simulator fidelity.
+    # 08_p99_and_load (issue 9): real server (tiny preset, 1 torch thread) + load generator.
+    # calib_*: black-box calibration (closed loops at calib_users x calib_contexts prompt tokens,
+    # calib_output tokens, calib_rounds rounds; TTFT at calib_prompts). c19_*: TailMix traffic
+    # at c19_rate req/s. sweep_users: closed-loop concurrency levels, sweep_rounds requests per
+    # user (at least sweep_min) of sweep_len prompt and output tokens, sweep_s cap per level. levels: offered rate as a
+    # share of the predicted knee, with level_requests each (the "overloaded" trace also runs
+    # under `policies`). target_points: rates of the equal-p99 throughput sweep per policy
+    # (skipped when 0), each about target_s s of arrivals (target_requests = [min, max]).
     "serving": {
-        "smoke": {},
-        "full": {},
+        "smoke": {"calib_users": [1, 8], "calib_contexts": [16, 128], "calib_output": 32, "calib_rounds": 2,
+                  "calib_prompts": [16, 128], "calib_repeat": 3,
+                  "c19_requests": 50, "c19_rate": 6.0,
+                  "sweep_users": [1, 2, 4, 8, 16, 32], "sweep_rounds": 2, "sweep_min": 6, "sweep_len": 32,
+                  "sweep_s": 8.0,
+                  "levels": {"low": 0.3, "near knee": 1.0, "overloaded": 1.6},
+                  "level_requests": {"low": 20, "near knee": 40, "overloaded": 40},
+                  "policies": ["static", "continuous"], "target_points": 0, "target_s": 0, "target_requests": [0, 0]},
+        "full": {"calib_users": [1, 4, 8, 16], "calib_contexts": [16, 128], "calib_output": 48, "calib_rounds": 2,
+                 "calib_prompts": [16, 64, 192], "calib_repeat": 3,
+                 "c19_requests": 300, "c19_rate": 4.0,
+                 "sweep_users": [1, 2, 4, 8, 16, 32, 64], "sweep_rounds": 4, "sweep_min": 16, "sweep_len": 48,
+                 "sweep_s": 30.0,
+                 "levels": {"low": 0.3, "near knee": 1.0, "overloaded": 1.6},
+                 "level_requests": {"low": 100, "near knee": 200, "overloaded": 200},
+                 "policies": ["none", "static", "continuous"], "target_points": 6, "target_s": 30,
+                 "target_requests": [60, 300]},
     },
 }
 

@@ -232,8 +232,11 @@ LLAMA3_8B = DecoderShape("Llama-3-8B", layers=32, d_model=4096, heads=32, kv_hea
 
 
 def kv_bytes_per_token(cfg: DecoderShape, dtype_bytes: int) -> int:
-    """KV-cache bytes one token adds: 2 (K and V) · layers · kv_heads · head_dim · dtype_bytes."""
-    return 2 * cfg.layers * cfg.kv_heads * cfg.head_dim * dtype_bytes
+    """KV-cache bytes one token adds: 2 (K and V) · layers · kv_heads · head_dim · dtype_bytes
+    (`labkit.model.kv_memory`, the one calculator)."""
+    from labkit.model.kv_memory import kv_bytes_per_token as calculator
+
+    return calculator(cfg, dtype_bytes)
 
 
 @dataclasses.dataclass(frozen=True)

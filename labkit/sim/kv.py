@@ -19,15 +19,12 @@ MODES = ("paged", "contiguous")
 def kv_bytes_per_token(config: Any, dtype_bytes: int = 2) -> int:
     """KV bytes one token adds: 2 (K, V) · layers · kv_heads · head_dim · dtype_bytes.
 
-    `config` is a `labkit.model.ModelConfig`, a `labkit.roofline.DecoderShape`, or a dict
-    with keys layers, kv_heads, head_dim.
+    `config`: anything `labkit.model.kv_memory.kv_shape` reads (ModelConfig, DecoderShape,
+    a dict, an HF config.json); the one calculator lives there.
     """
-    get = (lambda *names: next(config[n] for n in names if n in config)) if isinstance(config, dict) \
-        else (lambda *names: next(getattr(config, n) for n in names if hasattr(config, n)))
-    try:
-        return 2 * get("layers", "n_layers") * get("kv_heads", "n_kv_heads") * get("head_dim") * dtype_bytes
-    except StopIteration:
-        raise ValueError("config needs layers/n_layers, kv_heads/n_kv_heads and head_dim") from None
+    from labkit.model.kv_memory import kv_bytes_per_token as calculator  # lazy: sim imports no torch
+
+    return calculator(config, dtype_bytes)
 
 
 def capacity_tokens(memory_bytes: float, weight_bytes: float, bytes_per_token: int,

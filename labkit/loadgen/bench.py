@@ -1,0 +1,113 @@
+"""`python -m labkit.loadgen.bench [--quick]`: issue 9's measured figures, side by side, in one run.
+
+1. The simulated twin calibrated on `labkit serve` (tiny preset, 1 thread) and its knee.
+2. Simulator fidelity at three loads (low, near the knee, overloaded): relative error of p50/p99
+   TTFT and E2E and of throughput, for the twin calibrated on the server as a black box and
+   for one calibrated on the engine alone (no HTTP): the difference is what serving adds.
+3. No vs static vs continuous batching on one open-loop trace (above the knee).
+4. Continuous vs static throughput at the same p99 E2E target (2x continuous batching's p99
+   at the lightest rate): one open-loop rate sweep per policy.
+Everything runs on loopback; results also go to build/loadgen_bench.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+from labkit.loadgen import experiments as ex
+from labkit.loadgen import fidelity
+from labkit.sim import calibrate
+
+
+def _row(name: str, s: dict) -> str:
+    return (f"{name:<11}{s['throughput_rps']:>7.2f}{s['output_tps']:>10.0f}"
+            f"{s['ttft']['p50']:>9.3f}{s['ttft']['p99']:>9.3f}"
+            f"{s['e2e']['p50']:>9.3f}{s['e2e']['p99']:>9.3f}{s['completed']:>6d}/{s['requests']:<4d}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer requests per run (a few minutes on 2 CPU cores)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="build/loadgen_bench.json")
+    args = ap.parse_args(argv)
+    n_level = {"low": 40, "near knee": 80, "overloaded": 80} if args.quick else \
+        {"low": 100, "near knee": 200, "overloaded": 200}
+    # sweep points: about 12 s (quick) or 30 s of arrivals each, 30..120 or 60..300 requests
+    n_sweep = (lambda r: ex.requests_for(r, 12, 30, 120)) if args.quick else (lambda r: ex.requests_for(r, 30, 60, 300))
+    points = 5 if args.quick else 7
+    t0 = time.perf_counter()
+    say = lambda msg: print(f"[{time.perf_counter() - t0:6.1f} s] {msg}", flush=True)  # noqa: E731
+    out: dict = {"quick": args.quick, "cpus": psutil.cpu_count()}
+
+    cfg = ex.server_config("continuous")
+    twin = ex.twin(cfg)
+    with ex.serve("continuous") as srv:
+        say(f"labkit serve at {srv.url} (continuous, max batch {cfg.max_batch}, 1 torch thread)")
+        cost, rows = ex.calibrate_served(srv.url)
+        load_cal = psutil.getloadavg()[0]
+        say(f"twin calibrated on the server: {cost}")
+        knee, _ = ex.predicted_knee(cost, twin, seed=args.seed)
+        say(f"twin's knee: {knee['level']:.2f} req/s offered, capacity {knee['throughput_rps']:.2f} req/s")
+        rates = {"low": 0.3 * knee["level"], "near knee": knee["level"], "overloaded": 1.6 * knee["level"]}
+        levels = ex.run_levels(srv.url, rates, n_level, seed=args.seed)
+        dr = ex.drift(srv.url, cost)
+        load_runs = psutil.getloadavg()[0]
+    engine_cost = calibrate.calibrate(None, fidelity.measure_engine())
+    say(f"engine-only calibration (no HTTP): {engine_cost}")
+
+    print("\n== simulator fidelity (err = sim / real - 1) ==")
+    for name, c in (("calibrated on the server (black box)", cost), ("calibrated on the engine alone", engine_cost)):
+        table = {lv: fidelity.compare(res.records, res.summary(), twin, c) for lv, res in levels.items()}
+        print(f"-- twin {name}:\n{fidelity.format_table(table)}")
+        out[f"fidelity, {name}"] = {lv: t["error"] for lv, t in table.items()}
+    print(f"calibration point re-measured after the runs: {1e3 * dr['measured_s']:.1f} ms vs "
+          f"{1e3 * dr['predicted_s']:.1f} ms fitted ({100 * dr['drift']:+.0f}%); load average {load_cal:.1f} at "
+          f"calibration, {load_runs:.1f} after the runs "
+          f"({psutil.cpu_count()} CPUs); fixed per-request latency {1e3 * cost.request_s:.0f} ms")
+
+    print(f"\n== no vs static vs continuous batching, same {n_level['overloaded']} requests at "
+          f"{rates['overloaded']:.2f} req/s offered ==")
+    runs = ex.policy_runs(ex.chat_specs(n_level["overloaded"], rates["overloaded"], args.seed), ["none", "static"],
+                          done=None)
+    runs["continuous"] = levels["overloaded"]
+    print(f"{'policy':<11}{'req/s':>7}{'tok/s':>10}{'TTFT p50':>9}{'p99':>9}{'E2E p50':>9}{'p99':>9}  done (s)")
+    for p, r in runs.items():
+        print(_row(p, r.summary()))
+    out["policies"] = {p: {k: r.summary()[k] for k in ("throughput_rps", "output_tps", "ttft", "e2e")}
+                       for p, r in runs.items()}
+
+    say("rate sweeps per policy for throughput at equal p99 E2E")
+    trates = list(np.geomspace(0.15, 1.5, points) * knee["level"])
+    sweeps = ex.target_sweeps(["static", "continuous"], trates, n_sweep, args.seed)
+    target = 2 * sweeps["continuous"][0]["e2e"]["p99"]
+    print(f"\n== throughput at p99 E2E <= {target:.2f} s (2x continuous batching's p99 at {trates[0]:.2f} req/s) ==")
+    for p, srows in sweeps.items():
+        print(f"{p:<11}" + "  ".join(f"{r['rate']:.2f}->{r['throughput_rps']:.2f} req/s p99 {r['e2e']['p99']:.2f} s"
+                                     for r in srows))
+    best = {p: ex.throughput_at_target(srows, target) for p, srows in sweeps.items()}
+    if best["continuous"] and best["static"]:
+        ratio = best["continuous"]["throughput_rps"] / best["static"]["throughput_rps"]
+        print(f"continuous {best['continuous']['throughput_rps']:.2f} vs static {best['static']['throughput_rps']:.2f} "
+              f"req/s at equal p99: {ratio:.1f}x (target >= 3x)")
+    else:
+        ratio = float("nan")
+        print("static batching never met the target in this sweep: " +
+              ", ".join(f"{p}: {'none' if b is None else round(b['throughput_rps'], 2)}" for p, b in best.items()))
+    out.update(target_s=target, throughput_ratio_at_target=ratio,
+               sweeps={p: [{k: r[k] for k in ("rate", "throughput_rps", "e2e")} for r in srows]
+                       for p, srows in sweeps.items()})
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=1, default=float))
+    say(f"done -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,266 @@
+"""Chapter 6's experiments on the real server, shared by notebook 08 and `labkit.loadgen.bench`.
+
+The server is `labkit serve` (tiny preset, one torch thread) in a child process on a free
+loopback port; the load generator runs in this process. Its simulated twin is
+`labkit.sim` with the same policy, batch limit, queue bound and KV geometry, and a cost
+model fitted to the engine's real step times on this machine (`calibrate_cost`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from labkit.loadgen import arrivals, fidelity
+from labkit.loadgen.arrivals import RequestSpec
+from labkit.loadgen.client import LoadResult, run_load
+from labkit.loadgen.fidelity import SimServer
+from labkit.sim import calibrate, metrics
+from labkit.sim.cost import LinearCost
+from labkit.sim.experiments import verdict  # noqa: F401  (one verdict format for the workbook)
+from labkit.sim.workload import arrivals as arrival_times
+
+# Chat-like traffic at the tiny model's scale (max_model_len 512): lognormal prompts and
+# outputs (tokens), long-tailed so that static batching pads short answers to long ones.
+CHAT_PROMPT: dict[str, Any] = {"kind": "lognormal", "mean": 48, "sigma": 0.6, "high": 192}
+CHAT_OUTPUT: dict[str, Any] = {"kind": "lognormal", "mean": 48, "sigma": 0.8, "high": 192}
+
+
+def chat_specs(n: int, rate: float, seed: int = 0, *, prompt: dict | int = CHAT_PROMPT,
+               output: dict | int = CHAT_OUTPUT, kind: str = "poisson", burstiness: float = 1.0) -> list[RequestSpec]:
+    """`n` open-loop chat requests at `rate` requests/s (seeded)."""
+    return arrivals.open_loop(n, rate, kind, burstiness=burstiness, prompt_len=prompt, output_len=output, seed=seed)
+
+
+def server_config(policy: str = "continuous", **kw: Any) -> Any:
+    """The chapter's `ServerConfig`: tiny preset, `policy`, free loopback port, 1 torch thread."""
+    from labkit.serve import ServerConfig
+
+    return ServerConfig(**{"preset": "tiny", "policy": policy, "port": 0, "host": "127.0.0.1", "threads": 1, **kw})
+
+
+def serve(policy: str = "continuous", **kw: Any) -> Any:
+    """Start `labkit serve` (see `server_config`); use as a context manager or `.stop()` it."""
+    import atexit
+
+    from labkit.serve import start_server
+
+    handle = start_server(server_config(policy, **kw))
+    atexit.register(handle.stop)  # a notebook that stops half-way never leaves a server behind
+    return handle
+
+
+def twin(cfg: Any) -> SimServer:
+    """The simulated twin of server config `cfg` (same policy, limits, KV blocks, watermark)."""
+    n_blocks = cfg.kv_blocks or cfg.max_batch * -(-cfg.max_model_len // cfg.block_size)
+    return SimServer(cfg.policy, cfg.max_batch, cfg.max_queue, n_blocks * cfg.block_size, cfg.block_size,
+                     cfg.max_model_len, cfg.max_wait, cfg.watermark)
+
+
+def calibrate_cost(path: str | Path | None = None, **measure_kw: Any) -> tuple[LinearCost, list]:
+    """Time the engine's steps here (`fidelity.measure_engine`), fit `LinearCost`; saved to
+    `path` (JSON, with the rows) if given. Returns (cost, rows)."""
+    rows = fidelity.measure_engine(**measure_kw)
+    return calibrate.calibrate(path, rows), rows
+
+
+def calibrate_served(url: str, path: str | Path | None = None, **measure_kw: Any) -> tuple[fidelity.ServedCost, list]:
+    """Calibrate the simulator on the running server at `url` as a black box
+    (`fidelity.measure_server` + `fidelity.fit_served`); saved to `path` (JSON) if given."""
+    import json
+    import platform
+
+    rows = fidelity.measure_server(url, **measure_kw)
+    cost = fidelity.fit_served(rows, source=f"labkit serve on {platform.node() or 'this machine'}")
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps({"model": cost.to_dict(), "rows": [list(map(float, r)) for r in rows]},
+                                         indent=1))
+    return cost, rows
+
+
+def predicted_knee(cost: Any, server: SimServer, n: int = 400, seed: int = 0, lo: float = 0.5, hi: float = 60.0,
+                   points: int = 14) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The calibrated simulator's knee of the chat workload (a `labkit.sim.sweep.knee` over a
+    geometric rate sweep from `lo` to `hi` requests/s) and the sweep rows."""
+    from labkit.sim import sweep as simsweep
+
+    rows = sim_rate_sweep(cost, server, list(np.geomspace(lo, hi, points)), n, seed)
+    k = simsweep.knee(rows)
+    if k is None:
+        raise RuntimeError(f"the simulated server misses the knee criteria even at {lo} requests/s")
+    return k, rows
+
+
+def drift(url: str, cost: Any, users: int = 8, prompt: int = 16, output: int = 24, seed: int = 99) -> dict[str, float]:
+    """Re-measure one calibration point now (median inter-token gap of a closed loop of `users`)
+    and compare it with what `cost` predicts: how far the machine has moved since calibration."""
+    res = measure(url, arrivals.closed_loop(users, prompt_len=prompt, output_len=output, seed=seed), users=users,
+                  warmup=0)
+    gaps = [g for r in res.measured if r.ok for g in r.itl_s]
+    now = float(np.median(gaps)) if gaps else float("nan")
+    predicted = cost.step_time(users, 0, users * (prompt + output // 2))
+    return {"measured_s": now, "predicted_s": predicted, "drift": now / predicted - 1}
+
+
+def measure(url: str, specs: Sequence[RequestSpec], *, max_duration_s: float = 120.0, warmup: int = 2,
+            users: int | None = None, timeout_s: float = 120.0) -> LoadResult:
+    """One bounded load test against `url` (open loop unless `users`)."""
+    from labkit.loadgen.client import Target
+
+    return run_load(Target(url, timeout_s=timeout_s), specs, users=users, max_duration_s=max_duration_s,
+                    warmup=warmup)
+
+
+def sim_rate_sweep(cost: LinearCost, server: SimServer, rates: Sequence[float], n: int, seed: int = 0,
+                   **spec_kw: Any) -> list[dict[str, Any]]:
+    """The simulator's load sweep of the chat workload: one summary per rate, with "rate" =
+    the rate the trace really offers and "level" = the nominal rate."""
+    rows = []
+    for rate in sorted(rates):
+        wl = arrivals.to_workload(chat_specs(n, rate, seed, **spec_kw))
+        rows.append({"level": rate, **metrics.summary(server.run(wl, cost)), "rate": wl.rate})
+    return rows
+
+
+def run_levels(url: str, rates: dict[str, float], requests: dict[str, int], seed: int = 0,
+               max_duration_s: float = 120.0, **spec_kw: Any) -> dict[str, LoadResult]:
+    """The chat workload at each named rate (requests/s) against `url`; {level: LoadResult}.
+    One seed for all levels: the same requests, paced differently."""
+    return {name: measure(url, chat_specs(requests[name], rate, seed, **spec_kw), max_duration_s=max_duration_s)
+            for name, rate in rates.items()}
+
+
+def policy_runs(specs: Sequence[RequestSpec], policies: Sequence[str], done: dict[str, LoadResult] | None = None,
+                max_duration_s: float = 120.0, **cfg_kw: Any) -> dict[str, LoadResult]:
+    """`specs` against a fresh server per policy (one at a time, so they never share the CPU);
+    runs already in `done` ({policy: LoadResult}) are reused."""
+    out = {}
+    for policy in policies:
+        if done and policy in done:
+            out[policy] = done[policy]
+            continue
+        with serve(policy, **cfg_kw) as srv:
+            out[policy] = measure(srv.url, specs, max_duration_s=max_duration_s)
+    return out
+
+
+def short_request_e2e(res: LoadResult, quantile: float = 25) -> float:
+    """Mean E2E (s) of the completed requests whose output is in the shortest `quantile` %."""
+    ok = [r for r in res.measured if r.ok]
+    cut = np.percentile([r.max_tokens for r in ok], quantile)
+    return float(np.mean([r.e2e_s for r in ok if r.max_tokens <= cut]))
+
+
+def requests_for(rate: float, seconds: float, low: int, high: int) -> int:
+    """Requests for a run of about `seconds` s at `rate` requests/s, clipped to [low, high]."""
+    return int(np.clip(round(rate * seconds), low, high))
+
+
+def target_sweeps(policies: Sequence[str], rates: Sequence[float], n: int | Callable[[float], int], seed: int = 0,
+                  max_duration_s: float = 120.0, **cfg_kw: Any) -> dict[str, list[dict[str, Any]]]:
+    """An open-loop rate sweep of the chat workload per policy (fresh server each); `n`
+    requests per rate, or `n(rate)`; one seed, so every rate replays a prefix of the same
+    requests. {policy: rows}."""
+    from labkit.loadgen import sweep
+    from labkit.loadgen.client import Target
+
+    out = {}
+    for policy in policies:
+        with serve(policy, **cfg_kw) as srv:
+            out[policy] = sweep.run_sweep(Target(srv.url, timeout_s=120.0), "rate", rates,
+                                          lambda r: chat_specs(n(r) if callable(n) else n, r, seed),
+                                          max_duration_s=max_duration_s, warmup=2)
+    return out
+
+
+def throughput_at_target(rows: Sequence[dict[str, Any]], target_s: float, q: str = "p99") -> dict[str, Any] | None:
+    """The sweep row with the highest throughput whose `q` E2E is within `target_s` seconds
+    (None if no row meets it)."""
+    ok = [r for r in rows if r["e2e"][q] <= target_s and r["completed"]]
+    return max(ok, key=lambda r: r["throughput_rps"]) if ok else None
+
+
+# ---------------------------------------------------------------- C19: the mean hides the tail
+
+@dataclasses.dataclass(frozen=True)
+class TailMix:
+    """Traffic whose tail and bulk have different causes: most requests are short
+    (`typical_output` tokens) and a `tail_share` of them generate `tail_output` tokens; a
+    `repeat_share` of the short ones ask one of `faq` frequent questions again (a result
+    cache can answer those). Prompts of `prompt_len` tokens."""
+
+    prompt_len: int = 64
+    typical_output: int = 16
+    tail_output: int = 160
+    tail_share: float = 0.04
+    repeat_share: float = 0.5
+    faq: int = 6
+
+    def specs(self, n: int, rate: float, seed: int = 0) -> list[RequestSpec]:
+        """`n` open-loop requests at `rate` requests/s; tail and repeats placed at seeded
+        positions, exactly round(share · n) of each."""
+        rng = np.random.default_rng(seed)
+        at = arrival_times(n, rate, "poisson", rng=rng)
+        tail = set(rng.choice(n, round(self.tail_share * n), replace=False).tolist())
+        short = [i for i in range(n) if i not in tail]
+        repeat = set(rng.choice(short, round(self.repeat_share * len(short)), replace=False).tolist())
+        faq = [arrivals.make_prompt(self.prompt_len, rng) for _ in range(self.faq)]
+        out = []
+        for i, t in enumerate(at):
+            prompt = faq[int(rng.integers(self.faq))] if i in repeat else arrivals.make_prompt(self.prompt_len, rng)
+            out.append(RequestSpec(i, prompt, self.prompt_len, self.tail_output if i in tail else self.typical_output,
+                                   float(t)))
+        return out
+
+
+def repeats(specs: Sequence[RequestSpec]) -> np.ndarray:
+    """Mask of requests whose prompt and max_tokens appeared earlier in `specs` (what an exact
+    result cache can answer, once the first answer is stored)."""
+    seen: set[tuple[str, int]] = set()
+    mask = np.zeros(len(specs), bool)
+    for i, s in enumerate(specs):
+        mask[i] = (s.prompt, s.max_tokens) in seen
+        seen.add((s.prompt, s.max_tokens))
+    return mask
+
+
+def predict_cache_effect(specs: Sequence[RequestSpec], server: SimServer, cost: Any, hit_s: float = 0.0,
+                         warm: int = 2) -> dict[str, float]:
+    """Mean and p50/p99 E2E change (fractions) the calibrated simulator predicts when an exact
+    result cache answers, in `hit_s` seconds, every request whose prompt and max_tokens were
+    answered before it arrived (the first `warm` specs count as answered at t = 0: the
+    load generator's warm-up sends copies of them first). A repeat that arrives while its
+    first copy is still running misses, as in the real server."""
+    wl = arrivals.to_workload(list(specs))
+    lag = getattr(cost, "request_s", 0.0)
+    before = metrics.per_request(server.run(wl, cost))["e2e"] + lag
+    answered: dict[tuple[str, int], float] = {(s.prompt, s.max_tokens): 0.0 for s in specs[:warm]}
+    done_at = wl.arrival + before  # when each request's answer is stored, without a cache
+    hit = np.zeros(len(wl), bool)
+    for i, s in enumerate(specs):
+        key = (s.prompt, s.max_tokens)
+        hit[i] = answered.get(key, np.inf) <= wl.arrival[i]
+        stored = wl.arrival[i] + hit_s if hit[i] else done_at[i]
+        answered[key] = min(answered.get(key, np.inf), stored)
+    keep = ~hit
+    rest = type(wl)(wl.arrival[keep], wl.prompt[keep], wl.output[keep], wl.cls[keep])
+    after = np.full(len(wl), hit_s)
+    after[keep] = metrics.per_request(server.run(rest, cost))["e2e"] + lag
+    return {**change(before, after), "hits": int(hit.sum())}
+
+
+def change(before: Sequence[float], after: Sequence[float]) -> dict[str, float]:
+    """Relative change (after / before − 1) of the mean and p50/p99 of two latency samples (s)."""
+    b, a = np.asarray(before, float), np.asarray(after, float)
+    b, a = b[~np.isnan(b)], a[~np.isnan(a)]
+    return {"mean": a.mean() / b.mean() - 1,
+            **{f"p{q}": np.percentile(a, q) / np.percentile(b, q) - 1 for q in (50, 99)}}
+
+
+def e2e_of(res: LoadResult) -> np.ndarray:
+    """E2E (s) of the completed measured requests of a run."""
+    return np.array([r.e2e_s for r in res.measured if r.ok])

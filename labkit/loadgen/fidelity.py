@@ -1,0 +1,246 @@
+"""Simulator fidelity: replay a measured load test through `labkit.sim` and compare.
+
+The trace is what the server actually saw: each request's send time (s), its prompt and
+output token counts from the server's `usage` (the planned lengths where the server sent
+none, e.g. for a rejected request). The simulator gets the server's policy, batch limit,
+queue bound and KV geometry, and a cost model calibrated on this machine. We compare
+p50/p99 TTFT and E2E and the request throughput, as relative errors (sim / real − 1),
+like Vidur's fidelity table.
+
+Two calibrations: `measure_engine` times `labkit.serve.engine.Engine.step()` in process (the
+model plus the engine's own bookkeeping, no HTTP); `measure_server` times the running server
+from outside (inter-token gaps and TTFTs), and `fit_served` turns those into a `ServedCost`
+(per-step cost, the engine's two-pass mixed steps, a fixed per-request latency). The gap
+between the two is what serving over HTTP adds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import numpy as np
+
+from labkit.loadgen.records import RequestRecord
+from labkit.sim import cost as _cost
+from labkit.sim import metrics
+from labkit.sim.cost import CostModel
+from labkit.sim.engine import simulate
+from labkit.sim.kv import KVCache
+from labkit.sim.result import Result
+from labkit.sim.schedulers import make
+from labkit.sim.workload import Workload
+
+COMPARED = (("ttft", "p50"), ("ttft", "p99"), ("e2e", "p50"), ("e2e", "p99"), ("throughput_rps", None))
+
+
+@dataclasses.dataclass(frozen=True)
+class SimServer:
+    """The simulated twin of a server: policy name (labkit.sim.schedulers), max batch
+    (sequences), queue bound (requests), static/dynamic max_wait (s), KV capacity (tokens)
+    in blocks of `block_size` tokens, longest sequence `max_len` (tokens)."""
+
+    policy: str
+    max_batch: int
+    max_queue: int | None
+    kv_tokens: int
+    block_size: int = 16
+    max_len: int = 512
+    max_wait: float = 0.05
+    watermark: float = 0.0
+
+    def run(self, wl: Workload, cost: CostModel) -> Result:
+        pol = make(self.policy, max_batch=self.max_batch, max_wait=self.max_wait, max_queue=self.max_queue)
+        return simulate(wl, pol, cost, KVCache(self.kv_tokens, "paged", self.block_size, self.max_len,
+                                               self.watermark))
+
+
+def measure_engine(model: Any = None, *, batches: Sequence[int] = (1, 4, 8, 16), contexts: Sequence[int] = (32, 160),
+                   prompts: Sequence[int] = (16, 64, 192), repeat: int = 5, threads: int | None = 1,
+                   block_size: int = 16, max_model_len: int = 512) -> list[tuple[int, int, int, float]]:
+    """Rows (decode_batch, prefill_tokens, context_tokens, seconds) for `labkit.sim.calibrate`:
+    median times of real `labkit.serve.engine.Engine.step()` calls, in process, no HTTP.
+
+    Timing the engine's step rather than the bare decoder includes what the server pays per
+    step besides the model: the policy, block tables, the paged-attention gather, sampling.
+    Decode rows: `b` sequences with `c`-token prompts, timed decode-only steps. Prefill rows:
+    one `p`-token prompt admitted and prefilled in one step. `threads`: torch intra-op
+    threads while timing (the server runs with 1); restored afterwards."""
+    import time
+
+    import torch
+
+    from labkit.model import load_tiny
+    from labkit.serve.engine import Engine, EngineConfig
+
+    model = model or load_tiny()
+    old_threads = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    gen = torch.Generator().manual_seed(0)
+    ids = lambda n: torch.randint(model.config.vocab_size, (n,), generator=gen).tolist()  # noqa: E731
+
+    def engine(max_batch: int) -> Engine:
+        return Engine(model, EngineConfig(policy="continuous", max_batch=max_batch, max_queue=max_batch + 1,
+                                          block_size=block_size, max_model_len=max_model_len))
+
+    def timed_step(eng: Engine) -> float:
+        t = time.perf_counter()
+        eng.step()
+        return time.perf_counter() - t
+
+    rows: list[tuple[int, int, int, float]] = []
+    try:
+        for b in batches:
+            for c in contexts:
+                eng = engine(b)
+                for _ in range(b):
+                    eng.submit(ids(c), repeat + 4, ignore_eos=True)
+                eng.step()  # admission + prefill of all b prompts
+                times = [timed_step(eng) for _ in range(repeat + 2)][2:]
+                rows.append((b, 0, b * (c + 3 + repeat // 2), float(np.median(times))))
+        for p in prompts:
+            eng = engine(1)
+            times = []
+            for _ in range(repeat + 1):
+                eng.submit(ids(p), 1, ignore_eos=True)
+                times.append(timed_step(eng))  # admit, prefill, emit the only token, finish
+            rows.append((0, p, p, float(np.median(times[1:]))))
+    finally:
+        torch.set_num_threads(old_threads)
+    return rows
+
+
+def measure_server(url: str, *, concurrencies: Sequence[int] = (1, 4, 8, 16), contexts: Sequence[int] = (16, 128),
+                   prompts: Sequence[int] = (16, 64, 192), decode_output: int = 48, rounds: int = 2, repeat: int = 3,
+                   seed: int = 0) -> list[tuple[int, int, int, float]]:
+    """Rows (decode_batch, prefill_tokens, context_tokens, seconds) measured through HTTP, with
+    the server as a black box: whatever it pays per step besides the model (HTTP, streaming,
+    hand-offs between threads, other programs on this machine) is in the times.
+
+    Decode rows: a closed loop of `c` users, prompts of `p` tokens (`contexts`; two lengths so
+    that batch and context effects can be told apart), `decode_output` tokens, `rounds`
+    rounds; the median gap between tokens is the step time at batch `c`, context c·(p +
+    output/2). TTFT rows (prefill_tokens > 0): `repeat` requests 0.25 s apart, `p`-token prompts,
+    1 output token; median TTFT: one prefill step plus the fixed per-request latency (see `fit_served`)."""
+    from labkit.loadgen import arrivals
+    from labkit.loadgen.client import Target, run_load
+
+    target = Target(url, timeout_s=120.0)
+    rows: list[tuple[int, int, int, float]] = []
+    for c in concurrencies:
+        for p in contexts:
+            specs = arrivals.closed_loop(rounds * c, prompt_len=p, output_len=decode_output, seed=seed + c + p)
+            res = run_load(target, specs, users=c, max_duration_s=120.0, warmup=1 if not rows else 0)
+            gaps = [g for r in res.measured if r.ok for g in r.itl_s]
+            if not gaps:
+                raise RuntimeError(f"calibration at concurrency {c}: no request completed ({res.summary()['status']})")
+            rows.append((c, 0, c * (p + decode_output // 2), float(np.median(gaps))))
+    for p in prompts:
+        # spaced requests (every 0.25 s), as light open-loop traffic sees the server; the warm-up
+        # opens the connection, so no TTFT pays for it
+        res = run_load(target, arrivals.open_loop(repeat, 4.0, "uniform", prompt_len=p, output_len=1, seed=seed + p),
+                       warmup=1)
+        ttft = [r.ttft_s for r in res.measured if r.ok and r.ttft_s is not None]
+        if not ttft:
+            raise RuntimeError(f"calibration with {p}-token prompts: no request completed")
+        rows.append((0, p, p, float(np.median(ttft))))
+    return rows
+
+
+@dataclasses.dataclass(frozen=True)
+class ServedCost:
+    """Step times of a server seen from outside (the `labkit.sim` cost interface), plus what
+    the simulator's steps do not hold:
+
+    * `step`: a `LinearCost` per engine step (s);
+    * `mixed_extra_s`: added to a step that mixes prompt and decode tokens (labkit's engine
+      runs those as two model passes, so the fixed per-pass cost is paid twice);
+    * `request_s`: a fixed latency per request (s) that occupies no step: HTTP parsing,
+      tokenization, thread hand-offs; added to every simulated TTFT and E2E."""
+
+    step: LinearCost
+    mixed_extra_s: float = 0.0
+    request_s: float = 0.0
+    name: str = "served"
+
+    def step_time(self, decode_batch: int, prefill_tokens: int, context_tokens: int) -> float:
+        extra = self.mixed_extra_s if decode_batch and prefill_tokens else 0.0
+        return self.step.step_time(decode_batch, prefill_tokens, context_tokens) + extra
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "served", "step": self.step.to_dict(), "mixed_extra_s": self.mixed_extra_s,
+                "request_s": self.request_s}
+
+
+def fit_served(rows: Sequence[Sequence[float]], two_pass: bool = True, source: str = "") -> ServedCost:
+    """Fit a `ServedCost` to `measure_server` rows: decode rows give base, per-sequence and
+    per-context-token costs (`LinearCost.fit`); the TTFT rows' line over prompt length gives
+    the per-prompt-token cost (slope) and, above one step's base, the per-request latency
+    (intercept − base). `two_pass`: mixed steps pay `base` twice."""
+    dec = [r for r in rows if r[0] > 0]
+    pre = [r for r in rows if r[0] == 0]
+    if len(dec) < 4 or len(pre) < 2:
+        raise ValueError(f"need >= 4 decode rows and >= 2 TTFT rows, got {len(dec)} and {len(pre)}")
+    lin = _cost.LinearCost.fit(dec, name="served step", source=source)
+    slope, intercept = np.polyfit([r[1] for r in pre], [r[3] for r in pre], 1)
+    step = dataclasses.replace(lin, per_prefill_token=float(max(slope - lin.per_context_token, 0.0)))
+    return ServedCost(step, step.base if two_pass else 0.0, float(max(intercept - step.base, 0.0)))
+
+
+def trace_from_records(records: Sequence[RequestRecord]) -> Workload:
+    """The measured trace (warm-up skipped, sorted by send time, first send at t = 0 s)."""
+    rs = sorted((r for r in records if not r.warmup), key=lambda r: r.send_s)
+    if not rs:
+        raise ValueError("no measured records to replay")
+    t0 = rs[0].send_s
+    return Workload(np.array([r.send_s - t0 for r in rs]),
+                    np.array([r.prompt_tokens or r.prompt_len for r in rs]),
+                    np.array([r.output_tokens or r.max_tokens for r in rs]),
+                    np.zeros(len(rs), dtype=np.int64))
+
+
+def pick(summary: dict[str, Any], metric: str, q: str | None) -> float:
+    """One compared figure of a summary (s or requests/s)."""
+    return float(summary[metric] if q is None else summary[metric][q])
+
+
+def relative_errors(simulated: dict[str, Any], real: dict[str, Any]) -> dict[str, float]:
+    """{"ttft_p50": sim/real − 1, ...} over `COMPARED`."""
+    out = {}
+    for metric, q in COMPARED:
+        r, s = pick(real, metric, q), pick(simulated, metric, q)
+        out[f"{metric}_{q}" if q else metric] = s / r - 1 if r else float("nan")
+    return out
+
+
+def replay(records: Sequence[RequestRecord], server: SimServer, cost: CostModel) -> dict[str, Any]:
+    """Simulate the measured trace of `records`; its `labkit.sim.metrics.summary` (with a
+    `ServedCost`'s per-request latency added to every TTFT and E2E)."""
+    res = server.run(trace_from_records(records), cost)
+    lag = getattr(cost, "request_s", 0.0)
+    if lag:
+        res = dataclasses.replace(res, t_first=res.t_first + lag, t_done=res.t_done + lag)
+    return metrics.summary(res)
+
+
+def compare(records: Sequence[RequestRecord], real: dict[str, Any], server: SimServer,
+            cost: CostModel) -> dict[str, Any]:
+    """{"real": summary, "sim": summary, "error": relative errors} for one measured run."""
+    sim = replay(records, server, cost)
+    return {"real": real, "sim": sim, "error": relative_errors(sim, real)}
+
+
+def format_table(rows: dict[str, dict[str, Any]]) -> str:
+    """A table of `compare` outputs keyed by load level: real vs sim, error %."""
+    head = f"{'load':<12}" + "".join(f"{(m + ' ' + (q or '')).strip():>26}" for m, q in COMPARED)
+    lines = [head, f"{'':<12}" + "".join(f"{'real / sim / err':>26}" for _ in COMPARED)]
+    for level, c in rows.items():
+        cells = []
+        for (m, q), (key, err) in zip(COMPARED, c["error"].items()):
+            r, s = pick(c["real"], m, q), pick(c["sim"], m, q)
+            unit = 1 if m == "throughput_rps" else 1e3
+            cells.append(f"{unit * r:8.1f} /{unit * s:8.1f} /{100 * err:+5.0f}%")
+        lines.append(f"{level:<12}" + "".join(f"{c:>26}" for c in cells))
+    lines.append("(TTFT, E2E in ms; throughput in requests/s; err = sim / real − 1)")
+    return "\n".join(lines)

@@ -1,0 +1,321 @@
+"""The result cache's figures: threshold sweep, tenant isolation, hit-path latency.
+
+    python -m labkit.serve.cache_bench [--encoder auto|minilm|ngram] [--no-server] [--quick]
+
+Prints, for the chosen encoder on the labelled pairs of data/cache_eval/pairs.jsonl:
+the hit rate and hit precision at every cosine threshold (cosine alone, and with the
+lexical guard); the lowest threshold from which precision stays >= 99%; what 0.8 (a
+common default) gives; the held-out check; the cross-tenant isolation test; the cost
+of a lookup in-process (encoder + search, and search alone as the index grows); and a
+cache hit vs a model call measured through the real server.
+
+Definitions (per labelled pair (a, b): a is cached, b is the new request):
+hit = cosine(a, b) >= threshold (and the guard does not object); hit rate = hits on
+"same" pairs / "same" pairs; hit precision = hits on "same" pairs / all hits; false-hit
+rate = hits on "different" pairs / "different" pairs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from labkit import timing
+from labkit.serve import guard
+from labkit.serve.cache import make_cache, normalize_prompt
+from labkit.serve.embed import Encoder, load_encoder
+
+EVAL_DIR = Path(__file__).resolve().parents[2] / "data" / "cache_eval"
+THRESHOLDS = np.round(np.arange(0.5, 1.0001, 0.005), 3)
+COMMON_DEFAULT = 0.8
+
+
+# ---------------------------------------------------------------------- evaluation set
+def load_pairs(name: str = "pairs.jsonl") -> list[dict[str, Any]]:
+    """The labelled pairs of data/cache_eval/`name` (fields a, b, label same|different, kind)."""
+    pairs = [json.loads(line) for line in (EVAL_DIR / name).read_text(encoding="utf-8").splitlines() if line.strip()]
+    for p in pairs:
+        if p.get("label") not in ("same", "different") or not p.get("a") or not p.get("b") or not p.get("kind"):
+            raise ValueError(f"{name}: bad pair {p!r}; needs a, b, kind and label 'same' | 'different'")
+    return pairs
+
+
+def pair_scores(pairs: Sequence[dict], encoder: Encoder) -> np.ndarray:
+    """Cosine of each pair's embeddings, prompts prepared exactly as SemanticCache does."""
+    prep = [normalize_prompt(t).lower() for p in pairs for t in (p["a"], p["b"])]
+    vecs = encoder.encode(prep)
+    return np.einsum("ij,ij->i", vecs[0::2], vecs[1::2])
+
+
+def guard_allows(pairs: Sequence[dict]) -> np.ndarray:
+    """True where the lexical guard lets the pair share an answer."""
+    return np.array([guard.conflict(normalize_prompt(p["a"]), normalize_prompt(p["b"])) is None for p in pairs])
+
+
+def sweep(scores: np.ndarray, same: np.ndarray, allowed: np.ndarray | None = None,
+          thresholds: Sequence[float] = THRESHOLDS) -> list[dict[str, float]]:
+    """Hit rate, hit precision and false-hit rate at each threshold (see the module doc)."""
+    ok = np.ones_like(same) if allowed is None else allowed
+    rows = []
+    for t in thresholds:
+        hit = (scores >= t) & ok
+        true_hits, false_hits = int((hit & same).sum()), int((hit & ~same).sum())
+        rows.append(dict(threshold=float(t), hits=true_hits + false_hits, true_hits=true_hits,
+                         false_hits=false_hits, hit_rate=true_hits / same.sum(),
+                         precision=true_hits / (true_hits + false_hits) if true_hits + false_hits else float("nan"),
+                         false_hit_rate=false_hits / (~same).sum()))
+    return rows
+
+
+def safe_threshold(rows: list[dict], precision: float = 0.99) -> dict | None:
+    """The row of the lowest threshold from which every higher threshold that still hits keeps
+    hit precision >= `precision` (precision is not monotone in the threshold, so "the first
+    threshold that reaches it" could be a lucky dip). None if no threshold with hits does."""
+    best = None
+    for row in sorted(rows, key=lambda r: -r["threshold"]):
+        if row["hits"] and row["precision"] < precision:
+            break
+        if row["true_hits"]:
+            best = row
+    return best
+
+
+def at(rows: list[dict], threshold: float) -> dict:
+    return min(rows, key=lambda r: abs(r["threshold"] - threshold))
+
+
+def evaluate(encoder: Encoder, pairs: Sequence[dict] | None = None) -> dict[str, Any]:
+    """Sweeps with and without the guard, the safe thresholds, and the row at 0.8."""
+    pairs = load_pairs() if pairs is None else pairs
+    same = np.array([p["label"] == "same" for p in pairs])
+    t0 = time.perf_counter()
+    scores = pair_scores(pairs, encoder)
+    encode_s = time.perf_counter() - t0
+    allowed = guard_allows(pairs)
+    out = {"encoder": encoder.name, "pairs": len(pairs), "same": int(same.sum()), "different": int((~same).sum()),
+           "scores": scores, "same_mask": same, "allowed": allowed, "encode_s_per_prompt": encode_s / (2 * len(pairs))}
+    for name, ok in (("cosine", None), ("guarded", allowed)):
+        rows = sweep(scores, same, ok)
+        out[name] = {"rows": rows, "safe": safe_threshold(rows), "at_default": at(rows, COMMON_DEFAULT)}
+    kinds = sorted({p["kind"] for p in pairs})
+    out["by_kind"] = {k: np.array([p["kind"] == k for p in pairs]) for k in kinds}
+    return out
+
+
+def false_hits_by_kind(ev: dict, threshold: float, guarded: bool) -> dict[str, int]:
+    """How many "different" pairs of each kind would hit at `threshold`."""
+    hit = (ev["scores"] >= threshold) & (ev["allowed"] if guarded else True) & ~ev["same_mask"]
+    return {k: int((hit & m).sum()) for k, m in ev["by_kind"].items() if (m & ~ev["same_mask"]).any()}
+
+
+# ---------------------------------------------------------------------- tenant isolation
+def isolation_test(cache_factory, pairs: Sequence[dict]) -> dict[str, int]:
+    """Tenant "alice" caches answers; "bob" asks the very same prompts, near-identical
+    variants (case, spacing) and paraphrases. Counts what bob gets back (must be 0) and,
+    as the control that shows those lookups *would* hit, what alice gets back. Then both
+    store near-identical prompts with different answers: each must get only their own."""
+    cache = cache_factory()
+    params = {"temperature": 0, "max_tokens": 32}
+    same = [p for p in pairs if p["label"] == "same"]
+    for p in same:
+        cache.put("alice", p["a"], params, f"alice:{p['id']}")
+    probes = [q for p in same for q in (p["a"], "  " + p["a"].upper() + " ", p["b"])]
+    bob = [cache.get("bob", q, params) for q in probes]
+    alice = [cache.get("alice", q, params) for q in probes]
+    wrong_owner = 0
+    for p in same[:20]:
+        cache.put("bob", p["a"].lower(), params, f"bob:{p['id']}")
+        for tenant in ("alice", "bob"):
+            got = cache.get(tenant, p["a"], params)
+            wrong_owner += got is not None and not got.startswith(tenant + ":")
+    return {"lookups": len(probes), "cross_tenant_hits": sum(x is not None for x in bob),
+            "own_hits": sum(x is not None for x in alice), "wrong_owner": wrong_owner}
+
+
+# ---------------------------------------------------------------------- in-process latency
+def lookup_latency(cache, prompts: Sequence[str], repeat: int = 3) -> dict[str, timing.Stats]:
+    """Seconds per `get`: a hit (the prompt is cached) and a miss (a new prompt). A semantic
+    cache built with ``memo=0`` pays one encoder call on both, as a paraphrase would."""
+    params = {"temperature": 0}
+    for i, p in enumerate(prompts):
+        cache.put("t", p, params, f"answer {i}")
+    hits = [cache.get("t", p, params) for p in prompts]
+    assert all(h is not None for h in hits), "every cached prompt must hit"
+    counter = iter(range(10**9))
+    hit = timing.measure(lambda: cache.get("t", prompts[0], params), warmup=2, repeat=repeat * 10, device="cpu")
+    miss = timing.measure(lambda: cache.get("t", f"{next(counter)} is a prompt nobody cached", params),
+                          warmup=2, repeat=repeat * 10, device="cpu")
+    return {"hit": hit, "miss": miss}
+
+
+def index_scaling(sizes: Sequence[int] = (1_000, 10_000, 100_000), dim: int = 384, repeat: int = 20,
+                  seed: int = 0) -> list[dict[str, float]]:
+    """Brute-force cosine search (one matrix-vector product + argmax) vs index size: s per
+    lookup and bytes of vectors. Shows where a real vector store has to take over."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for n in sizes:
+        mat = rng.standard_normal((n, dim), dtype=np.float32)
+        mat /= np.linalg.norm(mat, axis=1, keepdims=True)
+        q = mat[n // 2].copy()
+        st = timing.measure(lambda: int(np.argmax(mat @ q)), warmup=2, repeat=repeat, device="cpu")
+        rows.append({"entries": n, "s_per_lookup": st.median, "vector_bytes": mat.nbytes})
+    return rows
+
+
+# ---------------------------------------------------------------------- through the server
+def _post(url: str, body: dict, timeout: float = 120.0) -> tuple[float, dict]:
+    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    t0 = time.perf_counter()
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        out = json.loads(r.read())
+    return time.perf_counter() - t0, out
+
+
+def server_latency(kind: str = "semantic", pairs: Sequence[dict] | None = None, n: int = 8, max_tokens: int = 32,
+                   threads: int = 1, timeout_s: float = 180.0) -> dict[str, Any]:
+    """Client-side latency (s) of model calls vs cache hits through `labkit serve` with
+    ``cache=kind``: `n` new prompts (misses: the model generates `max_tokens` tokens), the
+    same prompts again (exact hits), then their paraphrases (semantic hits where the
+    cache accepts them; the rest are model calls again and are counted as such)."""
+    from labkit.serve import ServerConfig, start_server
+
+    same = [p for p in (pairs or load_pairs()) if p["label"] == "same"][:n]
+    body = {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+    calls, exact, near, near_miss = [], [], [], []
+    cfg = ServerConfig(preset="tiny", port=0, cache=kind, threads=threads, max_model_len=256)
+    with start_server(cfg, timeout_s=timeout_s) as srv:
+        _post(srv.url, {**body, "prompt": "warm-up request"})
+        for p in same:
+            dt, out = _post(srv.url, {**body, "prompt": p["a"]})
+            calls.append(dt)
+        answers = {}
+        for p in same:
+            dt, out = _post(srv.url, {**body, "prompt": p["a"]})
+            exact.append(dt)
+            answers[p["id"]] = out["choices"][0]["text"]
+        hits_before = srv.metrics().get("labkit_cache_hits_total", 0.0)
+        for p in same:
+            dt, out = _post(srv.url, {**body, "prompt": p["b"]})
+            (near if out["choices"][0]["text"] == answers[p["id"]] else near_miss).append(dt)
+        metrics = srv.metrics()
+    return {"kind": kind, "model_call": timing.Stats.from_samples(calls), "exact_hit": timing.Stats.from_samples(exact),
+            "paraphrase_hit": timing.Stats.from_samples(near) if near else None, "paraphrase_hits": len(near),
+            "paraphrase_misses": len(near_miss), "server_cache_hits": metrics.get("labkit_cache_hits_total", 0.0),
+            "server_paraphrase_hits": metrics.get("labkit_cache_hits_total", 0.0) - hits_before,
+            "max_tokens": max_tokens}
+
+
+# ---------------------------------------------------------------------- report
+def plot_sweep(ev: dict, ax=None):
+    """Hit precision vs hit rate as the threshold moves, cosine alone and with the guard;
+    the common default 0.8 and each safe threshold marked."""
+    import matplotlib.pyplot as plt
+
+    ax = ax or plt.subplots(figsize=(6.5, 4))[1]
+    for name, style in (("cosine", "C0"), ("guarded", "C1")):
+        rows = [r for r in ev[name]["rows"] if r["hits"]]
+        ax.plot([r["hit_rate"] for r in rows], [r["precision"] for r in rows], color=style,
+                label="cosine only" if name == "cosine" else "cosine + lexical guard")
+        d = ev[name]["at_default"]
+        ax.plot(d["hit_rate"], d["precision"], "o", color=style, mfc="none", ms=9)
+        ax.annotate(f"{COMMON_DEFAULT}", (d["hit_rate"], d["precision"]), textcoords="offset points", xytext=(6, -12))
+        if ev[name]["safe"]:
+            s = ev[name]["safe"]
+            ax.plot(s["hit_rate"], s["precision"], "*", color=style, ms=12)
+            ax.annotate(f"{s['threshold']:.3f}", (s["hit_rate"], s["precision"]), textcoords="offset points",
+                        xytext=(6, 4))
+    ax.axhline(0.99, color="grey", ls=":", lw=1)
+    ax.set_xlabel("hit rate (share of same-meaning pairs that hit)")
+    ax.set_ylabel("hit precision (share of hits that are right)")
+    ax.set_xlim(0, 1.02)
+    ax.set_ylim(0, 1.02)
+    ax.legend(loc="lower left")
+    return ax
+
+
+def format_sweep(ev: dict, every: float = 0.05) -> str:
+    lines = [f"{'threshold':>9} | {'cosine only: hit rate  precision  false hits':>44} | "
+             f"{'+ guard: hit rate  precision  false hits':>40}"]
+    for c, g in zip(ev["cosine"]["rows"], ev["guarded"]["rows"]):
+        if abs(c["threshold"] / every - round(c["threshold"] / every)) > 1e-6:
+            continue
+        lines.append(f"{c['threshold']:>9.2f} | {c['hit_rate']:>23.1%} {c['precision']:>10.1%} {c['false_hits']:>11d} | "
+                     f"{g['hit_rate']:>19.1%} {g['precision']:>10.1%} {g['false_hits']:>11d}")
+    return "\n".join(lines)
+
+
+def describe_safe(ev: dict, name: str) -> str:
+    label = {"cosine": "cosine alone", "guarded": "cosine + lexical guard"}[name]
+    safe = ev[name]["safe"]
+    if safe is None:
+        best = max((r for r in ev[name]["rows"] if r["hits"]), key=lambda r: r["precision"])
+        return (f"{label}: no threshold keeps hit precision >= 99% (best {best['precision']:.1%} at "
+                f"{best['threshold']:.3f}, hit rate {best['hit_rate']:.1%})")
+    only = " (that is, identical prompts only)" if safe["threshold"] >= 0.9995 else ""
+    return (f"{label}: hit precision >= 99% from threshold {safe['threshold']:.3f}{only}: hit rate "
+            f"{safe['hit_rate']:.1%} ({safe['true_hits']}/{ev['same']} same pairs), {safe['false_hits']} false hits "
+            f"of {ev['different']} different pairs")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--encoder", default="auto", choices=("auto", "minilm", "ngram"))
+    ap.add_argument("--no-server", action="store_true", help="skip the measurement through labkit serve")
+    ap.add_argument("--quick", action="store_true", help="smaller latency runs")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (1: these models are too small to gain from more; 0 = torch's default)")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    enc = load_encoder(args.encoder)
+    print(enc.note)
+    ev = evaluate(enc)
+    print(f"\nevaluation set: {ev['pairs']} pairs ({ev['same']} same, {ev['different']} different), "
+          f"{1e3 * ev['encode_s_per_prompt']:.2f} ms to embed one prompt (batched)")
+    print(format_sweep(ev))
+    for name in ("cosine", "guarded"):
+        print(describe_safe(ev, name))
+        d = ev[name]["at_default"]
+        print(f"  at {COMMON_DEFAULT}: hit rate {d['hit_rate']:.1%}, precision {d['precision']:.1%}, "
+              f"{d['false_hits']} false hits: {false_hits_by_kind(ev, COMMON_DEFAULT, name == 'guarded')}")
+    safe = ev["guarded"]["safe"]
+    if safe is not None:
+        held = evaluate(enc, load_pairs("heldout.jsonl"))
+        r = at(held["guarded"]["rows"], safe["threshold"])
+        print(f"held-out set ({held['pairs']} pairs) at {safe['threshold']:.3f} + guard: hit rate {r['hit_rate']:.1%}, "
+              f"precision {r['precision']:.1%}, {r['false_hits']} false hits")
+    threshold = safe["threshold"] if safe else 1.0
+    iso = isolation_test(lambda: make_cache("semantic", encoder=enc, threshold=threshold), load_pairs())
+    print(f"\ntenant isolation (semantic, threshold {threshold:.3f}): {iso['cross_tenant_hits']} cross-tenant hits in "
+          f"{iso['lookups']} lookups (own tenant: {iso['own_hits']} hits), {iso['wrong_owner']} answers of the wrong owner")
+    prompts = [p["a"] for p in load_pairs()[:50]]
+    for kind, opts in (("exact", {}), ("semantic", {"encoder": enc, "threshold": threshold, "memo": 0})):
+        lat = lookup_latency(make_cache(kind, **opts), prompts, repeat=1 if args.quick else 3)
+        print(f"in-process {kind:<8} get: hit {timing.fmt_time(lat['hit'].median)}, "
+              f"miss {timing.fmt_time(lat['miss'].median)} (median)")
+    for row in index_scaling(sizes=(1_000, 10_000) if args.quick else (1_000, 10_000, 100_000)):
+        print(f"brute-force search over {row['entries']:>7,} vectors: {timing.fmt_time(row['s_per_lookup'])} per lookup, "
+              f"{row['vector_bytes'] / 2**20:.0f} MiB")
+    if not args.no_server:
+        s = server_latency("semantic", n=4 if args.quick else 8)
+        para = s["paraphrase_hit"].median if s["paraphrase_hit"] else float("nan")
+        print(f"\nthrough labkit serve (tiny, {s['max_tokens']} tokens): "
+              f"model call {timing.fmt_time(s['model_call'].median)}, "
+              f"exact hit {timing.fmt_time(s['exact_hit'].median)} "
+              f"({s['model_call'].median / s['exact_hit'].median:.0f}x faster), paraphrase hit "
+              f"{timing.fmt_time(para)} ({s['paraphrase_hits']} of {s['paraphrase_hits'] + s['paraphrase_misses']} hit); "
+              f"server counted {s['server_cache_hits']:.0f} cache hits")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
