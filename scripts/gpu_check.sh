@@ -30,6 +30,7 @@ step bench_check 60 "$PY" -m labkit.bench.check
 step model_bench 300 "$PY" -m labkit.model.bench --device cuda --dtype bf16 --presets tiny,1b \
   --compile --compile-presets 1b --json "$OUT/model_bench.json"
 step sim_bench   60 "$PY" -m labkit.sim.bench
+step sparse24    60 "$PY" -m labkit.prune.bench --gemm24-only
 if "$PY" -c "import papermill" 2>/dev/null; then
   step notebooks 600 "$PY" -m labkit notebooks --size full --out "$OUT/notebooks"
 else

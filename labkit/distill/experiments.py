@@ -1,0 +1,168 @@
+"""Chapter 4.2's distillation measurements as functions returning plain rows (dicts),
+shared by notebook 05 and ``python -m labkit.distill.bench``. Every number is measured
+when called, except the teacher's own pre-training cost, read from the checkpoint's
+config.json (written by ``python -m labkit.train`` when it trained that checkpoint)."""
+
+from __future__ import annotations
+
+import json
+from typing import Callable, Iterable
+
+import torch
+
+from labkit.distill.cost import distillation_cost, training_flops
+from labkit.distill.trainer import KDConfig, new_student, student_config, train_student
+from labkit.model import ModelConfig, Transformer, perplexity
+from labkit.model.checkpoint import TINY_DIR
+from labkit.quant import decode_tok_s, model_bytes
+from labkit.train import TrainConfig
+
+
+def student_budget(steps: int, batch_size: int, seq_len: int, lr: float = 3e-3, seed: int = 0) -> TrainConfig:
+    """A student's training budget: `steps` x `batch_size` x `seq_len` tokens, the same
+    optimiser settings as the tiny checkpoint's training, warm-up a tenth of the steps."""
+    return TrainConfig(steps=steps, batch_size=batch_size, seq_len=seq_len, lr=lr,
+                       warmup_steps=max(1, steps // 10), seed=seed, log_every=max(1, steps // 4))
+
+
+def budget_str(tc: TrainConfig) -> str:
+    return f"{tc.steps} steps x {tc.batch_size} x {tc.seq_len} tokens = {tc.tokens:,} tokens"
+
+
+def distill_vs_scratch(teacher: Transformer, train: torch.Tensor, valid: torch.Tensor, tc: TrainConfig,
+                       student_overrides: dict, kd: KDConfig = KDConfig(), windows: int = 16,
+                       log: Callable[[str], None] | None = None) -> dict:
+    """Train the same student (same init, same data order, same budget `tc`) twice: from
+    scratch (cross-entropy) and distilled from `teacher`. Returns {"rows": per run
+    validation perplexity, seconds and tokens; "cost": `distillation_cost` rows;
+    "students": {"from scratch": model, "distilled": model}}."""
+    cfg = student_config(teacher.config, **student_overrides)
+    students, figs = {}, {}
+    for run, t in (("from scratch", None), ("distilled", teacher)):
+        students[run] = new_student(cfg, seed=tc.seed)
+        figs[run] = train_student(students[run], train, tc, teacher=t, kd=kd, log=log)
+    teacher_ppl = perplexity(teacher, valid, max_windows=windows)
+    rows = [{"run": "teacher", "params_M": teacher.num_params() / 1e6, "ppl": teacher_ppl,
+             "train_s": float("nan"), "tokens": 0}]
+    for run, m in students.items():
+        rows.append({"run": run, "params_M": m.num_params() / 1e6, "ppl": perplexity(m, valid, max_windows=windows),
+                     "train_s": figs[run]["train_seconds"], "tokens": tc.tokens})
+    cost = distillation_cost(teacher.config, cfg, tc.tokens, tc.seq_len, figs["from scratch"]["train_seconds"],
+                             figs["distilled"]["train_seconds"], figs["distilled"]["teacher_seconds"])
+    return {"rows": rows, "cost": cost, "students": students, "config": cfg}
+
+
+def teacher_pretraining() -> dict | None:
+    """The shipped tiny checkpoint's own training cost, from data/tiny/config.json:
+    seconds and tokens as measured when it was trained, FLOPs computed from its shape and
+    training window (None if the file does not record them)."""
+    path = TINY_DIR / "config.json"
+    if not path.is_file():
+        return None
+    meta = json.loads(path.read_text())
+    tr = meta.get("training", {})
+    if "train_seconds" not in tr:
+        return None
+    cfg = ModelConfig.from_dict({k: v for k, v in meta.items() if k in ModelConfig.__dataclass_fields__})
+    return {"run": "teacher pre-training (data/tiny/config.json)", "tokens": tr["train_tokens"],
+            "total_s": tr["train_seconds"], "total_TFLOP": training_flops(cfg, tr["train_tokens"], tr.get("seq_len", 256)) / 1e12,
+            "threads": tr.get("threads"), "command": tr.get("command")}
+
+
+def decode_speeds(models: dict[str, Transformer], batch: int = 1, repeat: int = 10, rounds: int = 2) -> dict[str, float]:
+    """Decode tokens/s at `batch` of each model, best of `rounds` interleaved rounds (like
+    `labkit.quant`'s C10: a busy neighbour then hits one round, not one model)."""
+    best = {k: 0.0 for k in models}
+    for _ in range(rounds):
+        for k, m in models.items():
+            best[k] = max(best[k], decode_tok_s(m, batch=batch, repeat=repeat))
+    return best
+
+
+def speed_quality(models: dict[str, tuple[str, Transformer]], valid: torch.Tensor, windows: int = 16,
+                  batch: int = 1, repeat: int = 10, rounds: int = 2) -> list[dict]:
+    """For each `label -> (family, model)`: validation perplexity, bytes held (MB) and decode
+    tokens/s at `batch` (`decode_speeds`)."""
+    speeds = decode_speeds({k: m for k, (_, m) in models.items()}, batch, repeat, rounds)
+    return [{"label": k, "family": fam, "ppl": perplexity(m, valid, max_windows=windows),
+             "MB": model_bytes(m) / 1e6, "tok_s": speeds[k]} for k, (fam, m) in models.items()]
+
+
+def pareto_front(rows: Iterable[dict], x: str = "tok_s", y: str = "ppl") -> list[dict]:
+    """Rows no other row beats on both axes (higher `x` and lower `y`), fastest first."""
+    rows = sorted(rows, key=lambda r: -r[x])
+    front, best = [], float("inf")
+    for r in rows:
+        if r[y] < best:
+            front.append(r)
+            best = r[y]
+    return front
+
+
+def budget_from_params(P: dict):
+    """The chapter's `OrderBudget` (student training, recovery, KD loss, shapes, windows)
+    from its preset block (`labkit.presets.SIZES["pruning"][size]`)."""
+    from labkit.distill.order import OrderBudget
+    from labkit.prune.recover import RecoveryBudget
+
+    return OrderBudget(distill=student_budget(**P["distill"]), recovery=RecoveryBudget(**P["recovery"]),
+                       kd=KDConfig(**P["kd"]), student_overrides=dict(P["student_overrides"]),
+                       sparsity=P["order_sparsity"], windows=P["ppl_windows"], calib_windows=P["calib_windows"])
+
+
+def pareto_variants(teacher: Transformer, pruned_rows: list[dict], students: dict[str, Transformer],
+                    finals: dict[str, Transformer], schemes: Iterable[str] = ("int8", "int4-g32"),
+                    ) -> dict[str, tuple[str, Transformer]]:
+    """Every variant of the same teacher, labelled and grouped by family, for `speed_quality`:
+    the teacher, its `schemes` quantizations, the recovered pruned models of `pruned_rows`
+    (rows of ``labkit.prune.experiments.accuracy_rows(..., keep_models=True)``; the
+    weight-magnitude structured rows are left out, activation importance dominates them),
+    the `students` and the final model of each order in `finals`."""
+    from labkit.quant import quantize_model
+
+    out = {"teacher fp32": ("baseline", teacher)}
+    out.update({f"teacher {s}": ("quantization", quantize_model(teacher, s)) for s in schemes})
+    for r in pruned_rows:
+        if "model" in r and r["method"] != "structured (weight magnitude)":
+            out[f"{r['method'].split(' (')[0]} {100 * r['sparsity']:.0f}%"] = ("pruning", r["model"])
+    out.update({f"student, {k}": ("distillation", m) for k, m in students.items()})
+    out.update({f"pipeline {k}": ("distill+prune+quantize", m) for k, m in finals.items()})
+    return out
+
+
+def c14_verdict(cost: list[dict], comparison: list[dict], speed: list[dict]) -> dict:
+    """C14's numbers: distillation's cost vs from scratch (FLOPs and seconds), whether the
+    distilled student beat the from-scratch one, and the best decode speed-up over the fp32
+    teacher that quantization gave vs that a smaller model (pruned or distilled) gave."""
+    ppl = {r["run"]: r["ppl"] for r in comparison}
+    base = next(r for r in speed if r["family"] == "baseline")["tok_s"]
+    best = lambda fams: max((r for r in speed if r["family"] in fams), key=lambda r: r["tok_s"])
+    q, s = best({"quantization"}), best({"distillation", "pruning"})
+    combined = [r for r in speed if r["family"] == "distill+prune+quantize"]
+    out = {"flops_ratio": cost[1]["flops_vs_scratch"], "seconds_ratio": cost[1]["seconds_vs_scratch"],
+           "distilled_ppl": ppl["distilled"], "scratch_ppl": ppl["from scratch"],
+           "quant_best": q["label"], "quant_speedup": q["tok_s"] / base,
+           "smaller_best": s["label"], "smaller_speedup": s["tok_s"] / base,
+           "combined_speedup": max((r["tok_s"] for r in combined), default=float("nan")) / base}
+    # Distillation adds one teacher forward (F_t) to 3 student forwards (3 F_s) per token:
+    # it "doubles" the cost only when the teacher is ~3x the student's FLOPs.
+    out["teacher_over_student_flops"] = 3 * (out["flops_ratio"] - 1)
+    out["cost_roughly_doubles"] = 1.7 <= out["flops_ratio"] <= 2.3
+    out["distilled_better"] = out["distilled_ppl"] < out["scratch_ppl"]
+    return out
+
+
+def c13_verdict(summary_rows: list[dict], step_rows: list[dict], claimed: str = "D→P→Q",
+                tolerance: float = 0.02) -> dict:
+    """Which order ended with the lowest perplexity, whether the claimed order is it (or within
+    `tolerance`, relative, of it: closer than that is a tie at these budgets), and how much the
+    prune step raised perplexity in each order (`prune_jump`: ppl after / before)."""
+    best = summary_rows[0]
+    mine = next(r for r in summary_rows if r["order"] == claimed)
+    jumps = {}
+    for before, after in zip(step_rows, step_rows[1:]):
+        if after["order"] == before["order"] and after["op"].startswith("prune"):
+            jumps[after["order"]] = after["ppl"] / before["ppl"]
+    return {"winner": best["order"], "winner_ppl": best["final_ppl"], "claimed": claimed,
+            "claimed_ppl": mine["final_ppl"], "gap_pct": 100 * (mine["final_ppl"] / best["final_ppl"] - 1),
+            "holds": mine["final_ppl"] <= best["final_ppl"] * (1 + tolerance), "prune_jump": jumps}
