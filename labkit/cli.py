@@ -24,6 +24,12 @@ def _notebooks(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _ledger(args: argparse.Namespace) -> int:
+    from labkit.ledger import run
+
+    return run.run(args)
+
+
 def _bench(args: argparse.Namespace) -> int:
     from labkit.bench import cli as bench_cli
 
@@ -56,6 +62,11 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="JSON path (default build/bench/<device>-<threads>t.json)")
     p.add_argument("--check", action="store_true", help="only compare labkit with numpy / torch.matmul")
     p.set_defaults(func=_bench)
+
+    p = sub.add_parser("ledger", help="run every claim's experiment on this machine; one verdict table")
+    from labkit.ledger.run import add_arguments
+    add_arguments(p)
+    p.set_defaults(func=_ledger)
 
     # Sub-commands that live in their own packages import torch, FastAPI, aiohttp... (seconds):
     # only the one being run is loaded; the others are listed by name for --help.

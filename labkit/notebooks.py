@@ -51,8 +51,14 @@ def run_notebook(path: Path, out_dir: Path, *, size: str = "smoke", kernel: str 
     """
     import papermill as pm
 
+    import os
+
+    from labkit import paths
+
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / path.name
+    # The kernel inherits this: side files (ledger verdicts, plots) go next to the executed copy.
+    os.environ[paths.OUT_ENV] = str(out_dir.resolve())
     t0 = time.perf_counter()
     pm.execute_notebook(str(path), str(out), parameters={"SIZE": size}, kernel_name=kernel,
                         execution_timeout=timeout_s, cwd=str(path.parent), progress_bar=False)

@@ -9,7 +9,7 @@ import nbformat
 import papermill as pm
 import pytest
 
-from labkit import notebooks
+from labkit import ledger, notebooks
 
 NOTEBOOKS = notebooks.discover()
 BUILD = Path(__file__).resolve().parent.parent / "build"
@@ -44,6 +44,11 @@ def test_notebook_runs_in_smoke_mode(path, kernel):
     result = notebooks.run_notebook(path, BUILD, size="smoke", kernel=kernel,
                                     timeout_s=PER_NOTEBOOK_TIMEOUT_S)
     assert result.output.exists()
+    # Every claim this notebook owns must have been recorded through labkit.ledger.
+    wanted = ledger.for_notebook(path.stem)
+    recorded = {v.claim for v in ledger.read(path.stem, BUILD)}
+    missing = [c for c in wanted if c not in recorded]
+    assert not missing, f"{path.stem} recorded no verdict for {missing} (it recorded {sorted(recorded)})"
 
 
 @pytest.mark.timeout(120)

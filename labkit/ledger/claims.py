@@ -1,0 +1,107 @@
+"""The claims of the article, by id: what each says, where it is tested, and how.
+
+`experiment` names the function (``module:function``) that runs the claim's whole
+experiment on this machine, prediction first, and returns its `Verdict`; it is imported
+only when the claim runs, so reading the ledger stays cheap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    id: str
+    chapter: int
+    words: str            # the article's claim, paraphrased
+    notebooks: tuple[str, ...]   # notebook stems that must record a verdict for it
+    test_here: str        # how this machine tests it (the README's ledger column)
+    experiment: str       # "module:function", (size, device) -> Verdict
+
+
+def _c(id: str, chapter: int, words: str, notebooks: str, test_here: str, module: str) -> Claim:
+    return Claim(id, chapter, words, tuple(notebooks.split()), test_here,
+                 f"labkit.ledger.{module}:run_{id.lower()}")
+
+
+CLAIMS: dict[str, Claim] = {c.id: c for c in [
+    _c("C1", 1, "Prefill handles the prompt in parallel and is compute-heavy; decode emits one token per step "
+       "and is memory-bound.", "01_prefill_vs_decode",
+       "prefill and decode of the tiny decoder timed; intensities against the measured ridge; decode's read "
+       "bandwidth against the measured ceiling", "ch1"),
+    _c("C2", 1, "Pre/post-processing can take 10-20 % of end-to-end latency, more with heavy retrieval.",
+       "01_prefill_vs_decode", "the request path's spans timed; the typical path's share outside the model "
+       "against 10-20 %", "ch1"),
+    _c("C3", 2, "A memory-bound model barely speeds up on a card with far more compute.", "02_roofline",
+       "compute changed at fixed bandwidth (1 vs all threads, or a faster dtype): decode's speed-up against "
+       "the GEMM's", "ch2"),
+    _c("C4", 2, "Below the ridge attainable = intensity x bandwidth; above it, the compute peak.", "02_roofline",
+       "a kernel of tunable intensity swept across the ridge; the knee located from the data vs the "
+       "predicted ridge", "ch2"),
+    _c("C5", 2, "Low compute utilisation with high bandwidth utilisation means memory-bound.", "02_roofline",
+       "hardware counters (NVML on GPU, perf events on Linux) during a GEMM and a GEMV; inconclusive "
+       "without counters", "ch2"),
+    _c("C6", 3, "In eager mode every op is a launch with a fixed cost; many small ops lose much time to it.",
+       "03_fusion", "per-op cost measured; a chain of tiny ops timed against ops x cost", "ch3"),
+    _c("C7", 3, "Fusion can cut graph nodes to a third or fewer and latency by 20-40 % on memory-bound models.",
+       "03_fusion", "kernels and time of memory-bound chains, eager vs fused, against the 1/3 and 20-40 % bands",
+       "ch3"),
+    _c("C8", 3, "Conv + BatchNorm + activation fold into one op with the same result.", "03_fusion",
+       "folded vs unfolded outputs on random inputs, and their op counts", "ch3"),
+    _c("C9", 3, "Inference need not keep activations: buffer reuse lowers peak memory.", "03_fusion",
+       "peak memory of a forward with autograd on vs inference mode", "ch3"),
+    _c("C10", 4, "Lower-precision weights cut decode time nearly in proportion to bytes moved.",
+       "04_quantization", "measured decode speed-up of each kernel path vs its bytes ratio", "ch4"),
+    _c("C11", 4, "4-bit weights can break accuracy; activations are harder (outliers); calibration and mixed "
+       "precision repair much of it.", "04_quantization",
+       "perplexity of int8/int4 weights and W8A8 with outliers; repair by calibration and a measured "
+       "sensitivity ranking", "ch4"),
+    _c("C12", 4, "Unstructured sparsity gives no speed-up on dense hardware; structured pruning does.",
+       "05_pruning_distillation", "decode speed of kept-dense, CSR and structured pruning at equal sparsity",
+       "ch4"),
+    _c("C13", 4, "Distill, then prune, then quantize is a stable order; evaluate after each step.",
+       "05_pruning_distillation", "every order run end to end; final perplexities compared", "ch4"),
+    _c("C14", 4, "Distillation roughly doubles training cost; quantization + fusion give ~30 %; integer-multiple "
+       "speed-ups need a smaller model.", "05_pruning_distillation",
+       "measured training seconds with and without the teacher; measured decode speed-ups of quantize+fuse "
+       "and of the smaller student", "ch4"),
+    _c("C15", 5, "Batching amortises weight reads; static batching makes short requests wait; continuous "
+       "batching fixes it.", "06_batching 08_p99_and_load",
+       "tokens per step vs batch measured; continuous vs static p99 at one rate", "ch5"),
+    _c("C16", 5, "Mixed online + offline traffic in one FIFO hurts interactive latency; priorities or pools "
+       "fix it.", "06_batching", "the real engine, FIFO vs priority, at a load where the interactive class "
+       "alone fits", "ch5"),
+    _c("C17", 5, "KV cache grows with sequence length x concurrency; quantized KV and paged blocks fit more "
+       "requests.", "04_quantization 06_batching 07_kv_and_result_cache",
+       "the engine's allocated KV memory measured as sequences and length grow; sequences that fit paged "
+       "vs max-length, int8 vs model dtype", "ch5"),
+    _c("C18", 5, "A semantic result cache removes repeated work.", "07_kv_and_result_cache",
+       "a threshold chosen on labelled pairs must give non-identical paraphrase hits at >= 99 % precision "
+       "on held-out pairs", "ch5"),
+    _c("C19", 6, "The mean hides the tail; a 30 % better mean can come with a 5 % better p99.",
+       "08_p99_and_load", "mean vs p99 change between two configurations of the real server", "ch6"),
+    _c("C20", 6, "At low concurrency throughput and latency don't conflict; a load sweep finds the knee.",
+       "06_batching 08_p99_and_load", "a load sweep on the real server; the knee located from the latency "
+       "curve, checked against the throughput plateau", "ch6"),
+    _c("C21", 6, "Troubleshoot in order: time the request path, compare compute vs bandwidth use, profile, vary "
+       "config; cheapest fixes first.", "09_case_study",
+       "the method walked on the real server: each step's evidence must point at the planted cause",
+       "ch6"),
+    _c("C22", 6, "A pre-processing step unsafe for concurrent use pushed p99 to ~5x normal; fixing it met the "
+       "target without quantization.", "09_case_study",
+       "p99 E2E with the unsafe stage vs fixed vs unloaded, same rate, on the real server", "ch6"),
+]}
+
+
+def claim(claim_id: str) -> Claim:
+    """The claim with id `claim_id` (e.g. "C4"); a clear error for an unknown id."""
+    key = claim_id.strip().upper()
+    if key not in CLAIMS:
+        raise ValueError(f"unknown claim {claim_id!r}; known: {', '.join(CLAIMS)}")
+    return CLAIMS[key]
+
+
+def for_notebook(stem: str) -> list[str]:
+    """Ids of the claims notebook `stem` must record a verdict for."""
+    return [c.id for c in CLAIMS.values() if stem in c.notebooks]

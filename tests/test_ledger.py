@@ -1,0 +1,82 @@
+"""The ledger's core: one Verdict type, the claim registry, the notebook book, the CLI table."""
+
+import importlib
+import json
+
+import pytest
+
+from labkit import ledger
+from labkit.ledger import run as ledger_run
+from labkit.ledger.verdict import Quantity
+
+
+def _p(claim="C4"):
+    return ledger.Prediction.of(claim, "memory-bound below the ridge", ridge=(12.0, "FLOP/B"))
+
+
+@pytest.mark.parametrize("holds,outcome", [(True, "holds"), (False, "does not hold"), (None, "inconclusive")])
+def test_decide_reaches_every_outcome(holds, outcome):
+    v = ledger.decide(_p(), holds, why_holds="yes", why_not="no", why_inconclusive="no counters",
+                      evidence={"knee": (11.0, "FLOP/B")}, tolerance="within 2x")
+    assert v.outcome == outcome and v.holds == (outcome == "holds")
+    assert v.reason == {"holds": "yes", "does not hold": "no", "inconclusive": "no counters"}[outcome]
+    assert v.evidence["knee"] == Quantity(11.0, "FLOP/B")
+
+
+def test_verdict_round_trips_through_json():
+    v = ledger.decide(_p(), False, why_holds="", why_not="knee 3x off", evidence={"knee": (36, "FLOP/B")},
+                      tolerance="2x")
+    assert ledger.Verdict.from_dict(json.loads(v.to_json())) == v
+    assert "C4 DOES NOT HOLD: knee 3x off" in str(v) and "36 FLOP/B" in str(v)
+
+
+def test_bad_outcome_and_unknown_claim_are_named():
+    with pytest.raises(ValueError, match="'maybe'.*holds"):
+        ledger.Verdict("C1", "maybe", "", _p("C1"), {}, "")
+    with pytest.raises(ValueError, match="C99.*C1"):
+        ledger.claim("C99")
+    with pytest.raises(ValueError, match="C99"):
+        ledger_run.parse_claims("C1,C99")
+
+
+def test_distance_from_range():
+    assert ledger.distance_from_range(15, 10, 20) == 0
+    assert ledger.distance_from_range(4, 10, 20) == -6
+    assert ledger.distance_from_range(25, 10, 20) == 5
+
+
+def test_every_claim_has_an_experiment_and_a_notebook():
+    assert list(ledger.CLAIMS) == [f"C{i}" for i in range(1, 23)]
+    for c in ledger.CLAIMS.values():
+        module, func = c.experiment.split(":")
+        assert callable(getattr(importlib.import_module(module), func)), c.experiment
+        assert c.notebooks and c.test_here
+
+
+def test_book_records_replaces_and_reads_back(tmp_path):
+    book = ledger.Book("02_roofline", tmp_path, quiet=True)
+    assert ledger.read("02_roofline", tmp_path) == []
+    a = ledger.decide(_p(), True, why_holds="a", why_not="", evidence={}, tolerance="")
+    b = ledger.decide(_p(), False, why_holds="", why_not="b", evidence={}, tolerance="")
+    book.record(a)
+    book.record(b)
+    assert ledger.read("02_roofline", tmp_path) == [b]
+    ledger.Book("02_roofline", tmp_path, quiet=True)  # a new run starts empty
+    assert ledger.read("02_roofline", tmp_path) == []
+
+
+def test_table_and_counts():
+    vs = [ledger.decide(_p(c), h, why_holds="fine", why_not="off", evidence={"x": (1.0, "s")}, tolerance="")
+          for c, h in (("C1", True), ("C2", False), ("C3", None))]
+    text = ledger_run.table([(v, 1.0) for v in vs])
+    assert all(c in text for c in ("C1", "C2", "C3", "does not hold", "inconclusive"))
+    assert ledger_run.counts(vs) == {"holds": 1, "does not hold": 1, "inconclusive": 1}
+
+
+def test_a_crashing_experiment_is_inconclusive_not_a_crash(monkeypatch):
+    import labkit.ledger.claims as claims
+
+    broken = claims.Claim("C1", 1, "", ("x",), "", "labkit.ledger.verdict:does_not_exist")
+    monkeypatch.setitem(claims.CLAIMS, "C1", broken)
+    v = ledger_run.run_claim("C1")
+    assert v.outcome == "inconclusive" and "AttributeError" in v.reason
