@@ -87,10 +87,10 @@ CLAIMS: dict[str, Claim] = {c.id: c for c in [
     _c("C21", 6, "Troubleshoot in order: time the request path, compare compute vs bandwidth use, profile, vary "
        "config; cheapest fixes first.", "09_case_study",
        "the method walked on the real server: each step's evidence must point at the planted cause",
-       "ch6"),
+       "case"),
     _c("C22", 6, "A pre-processing step unsafe for concurrent use pushed p99 to ~5x normal; fixing it met the "
        "target without quantization.", "09_case_study",
-       "p99 E2E with the unsafe stage vs fixed vs unloaded, same rate, on the real server", "ch6"),
+       "p99 E2E with the unsafe stage vs fixed vs unloaded, same rate, on the real server", "case"),
 ]}
 
 
