@@ -31,10 +31,12 @@ class Quantity:
             text = str(v)
         elif v == 0 or not math.isfinite(v):
             text = f"{v:g}"
-        elif abs(v) >= 1e4 or abs(v) < 1e-2:
+        elif abs(v) >= 1e5 or abs(v) < 1e-2:
             text = f"{v:.3g}"
-        else:
-            text = f"{v:.3f}".rstrip("0").rstrip(".") if abs(v) < 10 else f"{v:.1f}"
+        else:  # three significant digits, no trailing zeros: 36, 12.5, 0.734
+            digits = 0 if abs(v) >= 100 else (1 if abs(v) >= 10 else 3 if abs(v) < 1 else 2)
+            text = f"{v:.{digits}f}"
+            text = text.rstrip("0").rstrip(".") if "." in text else text
         return f"{text} {self.unit}".strip()
 
 
