@@ -73,7 +73,7 @@ CLAIMS: dict[str, Claim] = {c.id: c for c in [
        "fix it.", "06_batching", "the real engine, FIFO vs priority, at a load where the interactive class "
        "alone fits", "ch5"),
     _c("C17", 5, "KV cache grows with sequence length x concurrency; quantized KV and paged blocks fit more "
-       "requests.", "04_quantization 06_batching 07_kv_and_result_cache",
+       "requests.", "06_batching 07_kv_and_result_cache",
        "the engine's allocated KV memory measured as sequences and length grow; sequences that fit paged "
        "vs max-length, int8 vs model dtype", "ch5"),
     _c("C18", 5, "A semantic result cache removes repeated work.", "07_kv_and_result_cache",
