@@ -16,8 +16,10 @@ $(STAMP): pyproject.toml scripts/setup.sh
 # Jupyter refuses to run as root unless told; containers and cloud VMs often are root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-lab: setup  ## open the workbook in JupyterLab on localhost (token auth on)
-	$(PY) -m jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=notebooks $(ROOT_FLAG)
+# Learners work on copies in work/ (git-ignored): the committed notebooks stay without outputs.
+lab: setup  ## open the workbook in JupyterLab on localhost, on your copies in work/ (token auth on)
+	$(PY) -m labkit workcopy
+	$(PY) -m jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=work $(ROOT_FLAG)
 
 test: setup  ## run the whole test suite (unit tests + every notebook in smoke mode)
 	$(PY) -m pytest

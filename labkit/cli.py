@@ -24,6 +24,15 @@ def _notebooks(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _workcopy(args: argparse.Namespace) -> int:
+    from labkit import notebooks
+
+    made = notebooks.make_work_copies()
+    print(f"work/: {len(made)} new notebook copies" + (f" ({', '.join(p.name for p in made)})" if made else
+                                                          " (existing copies kept; delete one to refresh it)"))
+    return 0
+
+
 def _ledger(args: argparse.Namespace) -> int:
     from labkit.ledger import run
 
@@ -62,6 +71,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="JSON path (default build/bench/<device>-<threads>t.json)")
     p.add_argument("--check", action="store_true", help="only compare labkit with numpy / torch.matmul")
     p.set_defaults(func=_bench)
+
+    p = sub.add_parser("workcopy", help="copy the notebooks into work/ (git-ignored) for a learner to edit")
+    p.set_defaults(func=_workcopy)
 
     p = sub.add_parser("ledger", help="run every claim's experiment on this machine; one verdict table")
     from labkit.ledger.run import add_arguments

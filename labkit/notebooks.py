@@ -17,6 +17,24 @@ def discover(directory: Path = NOTEBOOK_DIR) -> list[Path]:
     return sorted(p for p in directory.glob("*.ipynb") if not p.name.startswith("."))
 
 
+def make_work_copies(work: Path = REPO / "work", source: Path = NOTEBOOK_DIR) -> list[Path]:
+    """Copy every notebook that `work` lacks into it, and return the copies made.
+
+    `make lab` opens JupyterLab on these copies: the learner's edits and outputs stay in
+    work/ (git-ignored) and the committed notebooks stay clean. An existing copy is never
+    overwritten; delete it to start that chapter afresh.
+    """
+    import shutil
+
+    work.mkdir(parents=True, exist_ok=True)
+    made = []
+    for nb in discover(source):
+        if not (work / nb.name).exists():
+            shutil.copy2(nb, work / nb.name)
+            made.append(work / nb.name)
+    return made
+
+
 def ensure_kernel(name: str = KERNEL_NAME) -> None:
     """Register a Jupyter kernel `name` for this Python if none exists yet.
 
@@ -42,6 +60,22 @@ class RunResult:
     error: str | None = None
 
 
+def _local_kernel_manager() -> type:
+    """A kernel manager that talks to the kernel over Unix sockets in a private temporary
+    folder instead of loopback TCP: nothing else on the machine can connect, and ipykernel
+    has no reason to warn that the channel is unencrypted."""
+    import tempfile
+
+    from jupyter_client.manager import AsyncKernelManager
+    from traitlets import Unicode
+
+    class LocalKernelManager(AsyncKernelManager):
+        transport = Unicode("ipc")
+        ip = Unicode(str(Path(tempfile.mkdtemp(prefix="labkit-kernel-")) / "kernel"))
+
+    return LocalKernelManager
+
+
 def run_notebook(path: Path, out_dir: Path, *, size: str = "smoke", kernel: str = KERNEL_NAME,
                  timeout_s: float = 600, html: bool = False) -> RunResult:
     """Execute one notebook with SIZE=`size`; the executed copy goes to `out_dir`.
@@ -49,9 +83,9 @@ def run_notebook(path: Path, out_dir: Path, *, size: str = "smoke", kernel: str 
     Raises papermill's PapermillExecutionError on a cell error (the message names
     the failing cell and exception); `timeout_s` is the per-cell limit in seconds.
     """
-    import papermill as pm
-
     import os
+
+    import papermill as pm
 
     from labkit import paths
 
@@ -61,7 +95,8 @@ def run_notebook(path: Path, out_dir: Path, *, size: str = "smoke", kernel: str 
     os.environ[paths.OUT_ENV] = str(out_dir.resolve())
     t0 = time.perf_counter()
     pm.execute_notebook(str(path), str(out), parameters={"SIZE": size}, kernel_name=kernel,
-                        execution_timeout=timeout_s, cwd=str(path.parent), progress_bar=False)
+                        execution_timeout=timeout_s, cwd=str(path.parent), progress_bar=False,
+                        kernel_manager_class=_local_kernel_manager())
     if html:
         from nbconvert import HTMLExporter
 

@@ -54,3 +54,17 @@ def test_ci_runs_the_readme_test_command():
     readme = (REPO / "README.md").read_text()
     ci = (REPO / ".ci" / "run").read_text()
     assert "make test" in readme and "make test" in ci
+
+
+def test_work_copies_never_overwrite_a_learners_edits(tmp_path):
+    from labkit import notebooks
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("00_a.ipynb", "01_b.ipynb"):
+        (src / name).write_text("{}")
+    work = tmp_path / "work"
+    assert [p.name for p in notebooks.make_work_copies(work, src)] == ["00_a.ipynb", "01_b.ipynb"]
+    (work / "00_a.ipynb").write_text("edited")
+    assert notebooks.make_work_copies(work, src) == []
+    assert (work / "00_a.ipynb").read_text() == "edited"
