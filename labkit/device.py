@@ -261,8 +261,13 @@ class TelemetryTrace:
         ax = ax or plt.subplots(figsize=(8, 3))[1]
         if "cpu_percent" not in self.unavailable:
             per_core = list(zip(*self.series["cpu_percent"]))
+            # Busy cores sit on top of each other at 100 %: draw the mean bold and the cores
+            # thin and dashed, so every line stays visible.
             for i, core in enumerate(per_core):
-                ax.plot(self.t_s, core, lw=1, label=f"CPU core {i} %")
+                ax.plot(self.t_s, core, lw=0.8, ls=(0, (4, 2 + i)), alpha=0.7, label=f"core {i}")
+            if len(per_core) > 1:
+                mean = [sum(v) / len(v) for v in zip(*per_core)]
+                ax.plot(self.t_s, mean, lw=2.2, color="k", alpha=0.6, label="CPU mean %")
         for f in ("gpu_sm_util_pct", "gpu_mem_bw_util_pct"):
             if f not in self.unavailable:
                 ax.plot(self.t_s, self.series[f], lw=2, label=f)

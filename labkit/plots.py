@@ -11,6 +11,22 @@ def _axes(ax, size=(7, 4)):
     return ax or plt.subplots(figsize=size)[1]
 
 
+def tidy_log_axes(ax) -> Any:
+    """Drop the minor tick labels matplotlib prints on short log axes ("4x10^1, 3x10^1, ..."),
+    keeping the major decades and plain numbers for them; returns `ax`."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    for axis, scale in ((ax.xaxis, ax.get_xscale()), (ax.yaxis, ax.get_yscale())):
+        if scale == "log":
+            lo, hi = sorted(axis.get_view_interval())
+            # Under two decades, label 1-2-5 steps so the axis still has a few numbers on it.
+            axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0) if hi / max(lo, 1e-300) < 100 else (1.0,)))
+            axis.set_minor_formatter(NullFormatter())
+            axis.set_major_formatter(plain)
+    return ax
+
+
 def stream_sweep(results: Sequence[Any], llc_bytes: int, ax=None):
     """Best-repeat GB/s vs working set (log x) per STREAM op, last-level cache marked.
 

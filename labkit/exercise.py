@@ -1,0 +1,193 @@
+""""Your turn" exercises: the learner predicts a number, picks a setting or names a cause,
+and `check` judges the answer against *this run's* measurements.
+
+A notebook hands the measurements an exercise needs to `ask`, which prints the question:
+
+    exercise.ask("decode_tok_s_batch1", weight_bytes=..., bandwidth=..., measured_tok_s=...)
+    answer = None   # <- your prediction, in tokens/s
+    exercise.check("decode_tok_s_batch1", answer)
+
+Tolerances are ratios, regimes and orderings, never fixed numbers, so the same answer
+logic holds on a laptop and on an H100. A miss prints a hint; a hit prints one line on why.
+Reference answers stay out of sight: hosts call `solution(name)` (computed from the same
+context). Executed headless, `answer = None` prints the question and is not an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Mapping
+
+Ctx = Mapping[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Exercise:
+    name: str
+    notebook: str
+    question: str            # formatted with the context
+    needs: tuple[str, ...]   # context keys `ask` must receive
+    solve: Callable[[Ctx], Any]
+    judge: Callable[[Any, Any, Ctx], bool]   # (answer, reference, ctx) -> right?
+    hint: str
+    why: str
+
+
+# ------------------------------------------------------------------ tolerance kinds
+def within_factor(f: float) -> Callable[[Any, Any, Ctx], bool]:
+    """Right if answer and reference are positive and within a factor `f` of each other."""
+    def judge(answer: Any, ref: Any, ctx: Ctx) -> bool:
+        a = float(answer)
+        return a > 0 and max(a / ref, ref / a) <= f
+    return judge
+
+
+def same_choice(answer: Any, ref: Any, ctx: Ctx) -> bool:
+    return str(answer).strip().lower() == str(ref).strip().lower()
+
+
+def meets_limit_and_not_timid(answer: Any, ref: Any, ctx: Ctx) -> bool:
+    """A setting search: the answer must meet the limit and give at least half the best
+    setting's value (so "1" is not a right answer to "find the largest batch")."""
+    a = int(answer)
+    return a in ctx["candidates"] and ctx["evaluate"](a) <= ctx["limit"] and a >= ref / 2
+
+
+def _largest_meeting(ctx: Ctx) -> int:
+    ok = [c for c in ctx["candidates"] if ctx["evaluate"](c) <= ctx["limit"]]
+    if not ok:
+        raise ValueError(f"no candidate in {list(ctx['candidates'])} meets the limit {ctx['limit']}")
+    return max(ok)
+
+
+def _bound(ctx: Ctx) -> str:
+    return "memory" if ctx["intensity"] < ctx["peak_flop_s"] / ctx["bandwidth"] else "compute"
+
+
+EXERCISES: dict[str, Exercise] = {e.name: e for e in [
+    Exercise("cold_over_warm", "00_setup",
+             "The first call of a fresh shape paid one-off costs. Predict: how many times slower than the warm "
+             "median was call 0? (a number)", ("cold_first_s", "warm_median_s"),
+             lambda c: c["cold_first_s"] / c["warm_median_s"], within_factor(3.0),
+             "Look at the plot's first point against the dashed warm line.",
+             "first calls page-fault fresh memory and pick kernels; the warm median excludes that"),
+    Exercise("mean_or_median", "00_setup",
+             "Over the un-warmed calls, which statistic is pulled further from the typical call: 'mean' or "
+             "'median'?", ("mean_s", "median_s", "typical_s"),
+             lambda c: "mean" if abs(c["mean_s"] - c["typical_s"]) > abs(c["median_s"] - c["typical_s"]) else "median",
+             same_choice, "A few slow cold calls: which statistic do outliers move?",
+             "a handful of slow calls moves the mean; the median only moves if half the calls do"),
+    Exercise("decode_tok_s_batch1", "01_prefill_vs_decode",
+             "Decode reads every weight once per step. From the measured bandwidth ({bandwidth:.3g} B/s) and "
+             "the weight bytes ({weight_bytes:.3g} B), predict decode tokens/s at batch 1.",
+             ("weight_bytes", "bandwidth", "measured_tok_s"),
+             lambda c: c["bandwidth"] / c["weight_bytes"],
+             lambda a, ref, c: within_factor(1.3)(a, ref, c) or within_factor(1.5)(a, c["measured_tok_s"], c),
+             "tokens/s ~= bandwidth / bytes read per step.",
+             "batch-1 decode is bandwidth over weight bytes; where the run was slower than that, per-step "
+             "overhead (chapter 3) took the difference"),
+    Exercise("decode_tok_s_batch8", "01_prefill_vs_decode",
+             "At batch 8 one step still reads the weights once but makes 8 tokens. Batch 1 made {tok_s_b1:.0f} "
+             "tokens/s here. Predict decode tokens/s at batch 8.", ("tok_s_b1", "measured_tok_s_b8"),
+             lambda c: c["measured_tok_s_b8"], within_factor(1.6),
+             "If a step's time barely changes with batch, tokens/s scales with batch.",
+             "weight reads are shared by the batch, so tokens/s grows almost with batch while memory-bound"),
+    Exercise("ridge_point", "02_roofline",
+             "From this machine's measured peak ({peak_flop_s:.3g} FLOP/s) and bandwidth ({bandwidth:.3g} B/s), "
+             "what is the ridge point in FLOP/byte?", ("peak_flop_s", "bandwidth"),
+             lambda c: c["peak_flop_s"] / c["bandwidth"], within_factor(1.15),
+             "ridge = peak / bandwidth.", "below the ridge a kernel cannot feed the ALUs fast enough"),
+    Exercise("kernel_bound", "02_roofline",
+             "A kernel does {intensity:.3g} FLOP per byte. On this machine is it 'memory' or 'compute' bound?",
+             ("intensity", "peak_flop_s", "bandwidth"), _bound, same_choice,
+             "Compare its intensity with the ridge point you computed.",
+             "the side of the ridge decides which ceiling a kernel can reach"),
+    Exercise("tiny_ops_time", "03_fusion",
+             "One eager op costs {per_op_s:.3g} s here. Predict the time of {ops} tiny ops in a row, in seconds.",
+             ("per_op_s", "ops", "measured_s"), lambda c: c["measured_s"], within_factor(2.0),
+             "When the ops do almost no arithmetic, time ~= ops x per-op cost.",
+             "tiny ops are pure dispatch cost, which fusion and graphs remove"),
+    Exercise("int8_bytes_ratio", "04_quantization",
+             "int8 weights take 1 byte and a small scale per group. Predict int8's weight bytes as a fraction of "
+             "fp32's.", ("int8_bytes", "fp32_bytes"), lambda c: c["int8_bytes"] / c["fp32_bytes"],
+             within_factor(1.1), "fp32 takes 4 bytes per weight.",
+             "a quarter, not a half: fp32 -> int8 is 4x fewer bytes (fp16 -> int8 halves)"),
+    Exercise("keep_in_high_precision", "04_quantization",
+             "Which layer would you keep in higher precision? Pick from {layers}.", ("layers", "sensitivity"),
+             lambda c: max(c["layers"], key=lambda n: c["sensitivity"][n]), same_choice,
+             "Look at the per-layer sensitivity table: which layer's quantization hurt perplexity most?",
+             "mixed precision spends bytes where the measured damage is largest"),
+    Exercise("sparse_faster", "05_pruning_distillation",
+             "At {sparsity:.0%} unstructured sparsity, which decodes faster here: 'dense' weights or 'csr'?",
+             ("sparsity", "dense_s", "csr_s"), lambda c: "dense" if c["dense_s"] <= c["csr_s"] else "csr",
+             same_choice, "Dense hardware streams dense weights well; sparse formats add index reads.",
+             "unstructured zeros do not shrink dense work; sparse formats win only at very high sparsity"),
+    Exercise("max_batch_for_slo", "06_batching",
+             "Find the largest max_batch (from {candidates}) that keeps p99 TTFT under {limit:.3g} s in this "
+             "simulator.", ("candidates", "evaluate", "limit"), _largest_meeting, meets_limit_and_not_timid,
+             "Try a value: `exercise.check('max_batch_for_slo', 8)` runs the simulator with it.",
+             "bigger batches raise throughput until waiting for the batch eats the TTFT budget"),
+    Exercise("kv_bytes_per_token", "07_kv_and_result_cache",
+             "The model has {layers} layers, {kv_heads} KV heads of size {head_dim}, {dtype_bytes} bytes per "
+             "value. Predict KV-cache bytes per token.", ("layers", "kv_heads", "head_dim", "dtype_bytes",
+                                                           "measured_bytes_per_token"),
+             lambda c: c["measured_bytes_per_token"], within_factor(1.05),
+             "keys and values: 2 x layers x kv_heads x head_dim x bytes.",
+             "every token keeps a key and a value per layer and KV head"),
+    Exercise("tail_or_mean", "08_p99_and_load",
+             "Between the two configurations, which moved more in relative terms: the 'mean' or the 'p99'?",
+             ("mean_a", "mean_b", "p99_a", "p99_b"),
+             lambda c: "mean" if abs(math.log(c["mean_b"] / c["mean_a"])) > abs(math.log(c["p99_b"] / c["p99_a"]))
+             else "p99", same_choice, "Compute both ratios b/a.",
+             "mean and tail respond to different causes; watch both"),
+    Exercise("tail_cause", "09_case_study",
+             "Which span holds most of the p99 request's time: {spans}?", ("spans", "p99_span_s"),
+             lambda c: max(c["spans"], key=lambda s: c["p99_span_s"][s]), same_choice,
+             "Read the span breakdown of the slowest requests, not of the average one.",
+             "the span that grows in the tail is where the fix goes"),
+]}
+
+_CONTEXT: dict[str, dict[str, Any]] = {}
+
+
+def exercise(name: str) -> Exercise:
+    if name not in EXERCISES:
+        raise ValueError(f"unknown exercise {name!r}; known: {', '.join(EXERCISES)}")
+    return EXERCISES[name]
+
+
+def ask(name: str, **ctx: Any) -> None:
+    """Store this run's measurements for exercise `name` and print its question."""
+    e = exercise(name)
+    missing = [k for k in e.needs if k not in ctx]
+    if missing:
+        raise ValueError(f"exercise {name!r} needs {missing} (it needs {list(e.needs)})")
+    _CONTEXT[name] = dict(ctx)
+    print("Your turn:", e.question.format(**ctx))
+
+
+def _ctx(name: str) -> dict[str, Any]:
+    if name not in _CONTEXT:
+        raise ValueError(f"exercise {name!r} has no measurements yet: run its `exercise.ask(...)` cell first")
+    return _CONTEXT[name]
+
+
+def solution(name: str) -> Any:
+    """The reference answer from this run's measurements (for hosts)."""
+    return exercise(name).solve(_ctx(name))
+
+
+def check(name: str, answer: Any) -> bool | None:
+    """Judge `answer`; prints a hint on a miss and why on a hit. None = not answered yet."""
+    e, ctx = exercise(name), _ctx(name)
+    if answer is None:
+        print(f"[{name}] no answer yet: write yours in the cell above and run both again. Hint: {e.hint}")
+        return None
+    try:
+        right = bool(e.judge(answer, e.solve(ctx), ctx))
+    except (TypeError, ValueError) as err:
+        print(f"[{name}] could not read {answer!r} as an answer ({err}). Hint: {e.hint}")
+        return False
+    print(f"[{name}] {'right' if right else 'not quite'}: " + (e.why if right else e.hint))
+    return right
