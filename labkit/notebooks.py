@@ -98,16 +98,17 @@ def run_notebook(path: Path, out_dir: Path, *, size: str = "smoke", kernel: str 
                         execution_timeout=timeout_s, cwd=str(path.parent), progress_bar=False,
                         kernel_manager_class=_local_kernel_manager())
     if html:
-        from nbconvert import HTMLExporter
+        from labkit import book
 
-        body, _ = HTMLExporter().from_filename(str(out))
-        out.with_suffix(".html").write_text(body, encoding="utf-8")
+        book.copy_mathjax(out_dir)
+        book.export_page(out, out_dir)
     return RunResult(path.stem, True, time.perf_counter() - t0, out)
 
 
 def run_all(size: str = "auto", out_dir: str | Path = "build", kernel: str = KERNEL_NAME,
             html: bool = True, only: list[str] | None = None) -> list[RunResult]:
-    """Execute every notebook (or those whose name starts with one of `only`)."""
+    """Execute every notebook (or those whose name starts with one of `only`); with `html`,
+    also the offline HTML book (`labkit.book`): one page per notebook and index.html."""
     ensure_kernel(kernel)
     results = []
     for path in discover():
@@ -120,4 +121,10 @@ def run_all(size: str = "auto", out_dir: str | Path = "build", kernel: str = KER
             msg = str(exc).strip().splitlines()
             results.append(RunResult(path.stem, False, time.perf_counter() - t0,
                                      Path(out_dir) / path.name, msg[-1] if msg else repr(exc)))
+    if html and results:
+        from labkit import book
+
+        index = book.write_index(Path(out_dir), [(r.name, r.seconds, r.ok) for r in results],
+                                 Path(out_dir) / "ledger")
+        print(f"book: {index} (works offline)")
     return results
