@@ -56,7 +56,7 @@ def export_page(executed: Path, book: Path) -> Path:
 
     nb = nbformat.read(executed, as_version=4)
     _drop_widget_views(nb)
-    exporter = HTMLExporter(mathjax_url=f"{MATHJAX_DIR}/MathJax.js?config=TeX-AMS_CHTML-full,Safe")
+    exporter = HTMLExporter(mathjax_url=f"{MATHJAX_DIR}/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full,Safe")
     body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": executed.stem}})
     body = _REMOTE_SCRIPT.sub("", body)
     out = book / f"{executed.stem}.html"
