@@ -20,7 +20,6 @@ from labkit.loadgen.client import LoadResult, run_load
 from labkit.loadgen.fidelity import SimServer
 from labkit.sim import calibrate, metrics
 from labkit.sim.cost import LinearCost
-from labkit.sim.experiments import verdict  # noqa: F401  (one verdict format for the workbook)
 from labkit.sim.workload import arrivals as arrival_times
 
 # Chat-like traffic at the tiny model's scale (max_model_len 512): lognormal prompts and

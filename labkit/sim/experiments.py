@@ -107,11 +107,6 @@ def capacity(setup: Setup, n: int, lo: float = 0.5, hi: float = 200.0, points: i
     return (k["rate"] if k else lo), rows
 
 
-def verdict(ok: bool, claim: str, detail: str) -> str:
-    """One printed line: the claim id, HELD / DID NOT HOLD, and the numbers."""
-    return f"{claim}: {'HELD' if ok else 'DID NOT HOLD'} — {detail}"
-
-
 def run_with(setup: Setup, rate: float, max_batch: int, max_wait: float, scheduler: str, block_size: int,
              n: int, seed: int = 0) -> dict:
     """One simulation with the widget's knobs; returns the summary."""

@@ -45,3 +45,21 @@ def knee(rows: Sequence[dict[str, Any]], factor: float = 2.0, keep_up: float = 0
         else:
             break
     return best
+
+
+def first_past(rows: Sequence[dict[str, Any]], axis: str = "rate", factor: float = 2.0, metric: str = "e2e",
+               q: str = "p99") -> dict[str, Any] | None:
+    """The knee as the ledger locates it (C20): the first level, in increasing `axis` order,
+    whose `q` `metric` latency (s) exceeds `factor` x its value at the lightest level.
+
+    Unlike `knee` (the last level still inside the bound), this row sits past the bend, where
+    the server has run out of room: its throughput is what the sweep found as capacity, so
+    the claim can be checked against the throughput curve rather than by the definition.
+    None when no level in the sweep exceeds the bound (no knee in range)."""
+    if factor <= 1:
+        raise ValueError(f"need factor > 1, got {factor}")
+    if not rows:
+        raise ValueError("need at least one sweep row")
+    rows = sorted(rows, key=lambda r: r[axis])
+    base = rows[0][metric][q]
+    return next((r for r in rows[1:] if r[metric][q] > factor * base), None)

@@ -1,0 +1,398 @@
+"""Chapter 5's claims: batching (C15), mixed traffic (C16), KV memory (C17), result caches (C18).
+
+C15 times decode steps of the tiny decoder and runs static vs continuous batching on the
+simulator calibrated on this machine (notebook 08: on the real server). C16 drives the
+real engine in process (no HTTP) with a backlog of offline jobs and interactive requests
+at a rate the interactive class alone fits, FIFO vs priority. C17 reads the engine's block
+manager (blocks in use x the pool's bytes per block) as sequences and lengths grow, and
+counts the sequences that fit (paged vs max-length reservation, int8 vs the model dtype).
+C18 picks a cosine threshold on the labelled pairs and tests it on the held-out pairs.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from labkit.ledger.verdict import Prediction, Verdict, decide, inconclusive
+
+# C15: a batch-B decode step must give >= AMORTISE x the predicted tokens-per-step gain;
+# continuous must cut static's p99 E2E by >= P99_GAIN x at >= KEEP x its throughput, and the
+# shortest quarter of requests must wait >= P99_GAIN x less.
+AMORTISE, P99_GAIN, KEEP = 0.5, 1.2, 0.95
+# C16: FIFO "hurts" = interactive p99 TTFT >= HURT x the interactive class alone; priority
+# "fixes" = removes >= FIX of that excess.
+HURT, FIX = 2.0, 0.75
+# C17: linear = R^2 >= R2 and every point within DEV of the fit, slope within DEV of the
+# model's bytes per token (block rounding is the allowed slack); "fit more" = >= MORE x.
+R2, DEV, MORE = 0.99, 0.15, 1.2
+# C18: hit precision on held-out non-identical pairs.
+PRECISION = 0.99
+
+
+@functools.lru_cache(maxsize=None)
+def calibrated_cost() -> Any:
+    """A `LinearCost` fitted now to the tiny decoder's step times on this machine (CPU, smoke
+    sweep: seconds); cached for the process so every claim uses one calibration."""
+    from labkit.sim import calibrate
+
+    return calibrate.calibrate(rows=calibrate.measure_decoder(batches=(1, 8), contexts=(64,), prompts=(32, 128),
+                                                              repeat=3))
+
+
+# ------------------------------------------------------------------------------- C15
+def predict_c15(weight_bytes: float, kv_bytes_per_token: float, context: int, batch: int) -> Prediction:
+    """Memory-bound decode reads the weights once per step plus each sequence's KV: tokens per
+    step at batch B vs 1 gain B (W + c kv) / (W + B c kv)."""
+    gain = batch * (weight_bytes + context * kv_bytes_per_token) / (weight_bytes + batch * context * kv_bytes_per_token)
+    return Prediction.of("C15", f"a batch-{batch} decode step yields ~{gain:.1f}x the tokens of batch 1 (weights read "
+                                "once); continuous batching beats static on p99 E2E, short requests most",
+                         **{"predicted gain": (gain, "x"), "weights": (weight_bytes / 2**20, "MiB"),
+                            "KV per token": (kv_bytes_per_token, "B")})
+
+
+def judge_c15(prediction: Prediction, step_1_s: float, step_b_s: float, batch: int, static: dict, continuous: dict,
+              short_static_s: float, short_continuous_s: float) -> Verdict:
+    """Measured decode step times (s) at batch 1 and `batch`; static and continuous summaries
+    ("throughput_rps", "e2e" {"p99"} in s) of one trace; mean E2E (s) of its shortest quarter."""
+    gain = batch * step_1_s / step_b_s
+    want = AMORTISE * prediction.values["predicted gain"].value
+    p99 = static["e2e"]["p99"] / continuous["e2e"]["p99"]
+    tput = continuous["throughput_rps"] / static["throughput_rps"]
+    short = short_static_s / short_continuous_s
+    ev = {"tokens/step gain": (gain, "x"), "p99 E2E static/continuous": (p99, "x"),
+          "throughput continuous/static": (tput, "x"), "short-quarter E2E static/continuous": (short, "x")}
+    problems = [m for ok, m in ((gain >= want, f"batch {batch} gave only {gain:.1f}x the tokens per step"),
+                                (p99 >= P99_GAIN, f"continuous cut static's p99 by only {p99:.2f}x"),
+                                (tput >= KEEP, f"continuous carried {tput:.2f}x static's throughput"),
+                                (short >= P99_GAIN, f"short requests waited only {short:.2f}x longer under static"))
+                if not ok]
+    return decide(prediction, not problems,
+                  why_holds=f"batch {batch} amortised the weight reads ({gain:.1f}x tokens/step); static held short "
+                            f"requests {short:.1f}x longer and continuous cut p99 E2E {p99:.1f}x",
+                  why_not="; ".join(problems), evidence=ev,
+                  tolerance=f"gain >= {AMORTISE:g}x predicted; p99 and short-request ratios >= {P99_GAIN:g}x; "
+                            f"throughput >= {KEEP:g}x")
+
+
+def short_e2e(e2e: np.ndarray, output: np.ndarray, quantile: float = 25) -> float:
+    """Mean E2E (s) of the requests whose output is in the shortest `quantile` %."""
+    mask = output <= np.percentile(output, quantile)
+    return float(np.nanmean(e2e[mask]))
+
+
+def sim_static_vs_continuous(cost: Any, n: int = 600, load: float = 0.7, seed: int = 0) -> dict[str, Any]:
+    """The chat trace at `load` x the cost model's capacity through the twin, static vs continuous."""
+    import dataclasses
+
+    from labkit.ledger.ch6 import _sim_server, sim_capacity
+    from labkit.loadgen import arrivals
+    from labkit.loadgen import experiments as lx
+    from labkit.sim import metrics
+
+    twin = _sim_server()
+    rate = load * sim_capacity(cost, twin, lx.CHAT_PROMPT["mean"], lx.CHAT_OUTPUT["mean"])
+    wl = arrivals.to_workload(lx.chat_specs(n, rate, seed))
+    out: dict[str, Any] = {"rate": rate}
+    for pol in ("static", "continuous"):
+        res = dataclasses.replace(twin, policy=pol).run(wl, cost)
+        out[pol] = metrics.summary(res)
+        out[f"short_{pol}"] = short_e2e(metrics.per_request(res)["e2e"], wl.output)
+    return out
+
+
+def run_c15(size: str = "smoke", device: Any = None) -> Verdict:
+    from labkit.model import Transformer
+    from labkit.model.kv_memory import kv_bytes_per_token
+
+    cost = calibrated_cost()
+    model = Transformer.from_preset("tiny")
+    rows = {b: t for b, p, c, t in _decode_rows()}
+    pred = predict_c15(4 * model.num_params(), kv_bytes_per_token(model.config, model.dtype), 64, 8)
+    m = sim_static_vs_continuous(cost, n=600 if size == "smoke" else 5000)
+    return judge_c15(pred, rows[1], rows[8], 8, m["static"], m["continuous"], m["short_static"],
+                     m["short_continuous"])
+
+
+def _decode_rows() -> list[tuple[int, int, int, float]]:
+    """Fresh decode-step timings (batch 1 and 8, context 64) of the tiny decoder."""
+    from labkit.sim import calibrate
+
+    return calibrate.measure_decoder(batches=(1, 8), contexts=(64,), prompts=(), repeat=5)
+
+
+# ------------------------------------------------------------------------------- C16
+def predict_c16(capacity_rps: float, interactive_rps: float, backlog: int, offline_out: float, max_batch: int,
+                interactive_out: int) -> Prediction:
+    """From the measured capacity: one step ~ max_batch / (capacity x interactive_out) s. FIFO: an
+    interactive request waits for the offline backlog ahead to be admitted; priority: for one
+    slot to turn over."""
+    step = max_batch / (capacity_rps * interactive_out)
+    fifo = (backlog - max_batch) / max_batch * offline_out * step
+    prio = offline_out / max_batch * step
+    return Prediction.of("C16", f"interactive load {interactive_rps / capacity_rps:.0%} of capacity fits alone; "
+                                f"behind a FIFO backlog it waits ~{fifo:.2g} s, with priority ~{prio:.2g} s",
+                         **{"capacity": (capacity_rps, "req/s"), "interactive": (interactive_rps, "req/s"),
+                            "FIFO wait": (fifo, "s"), "priority wait": (prio, "s")})
+
+
+def judge_c16(prediction: Prediction, alone_p99_s: float, fifo_p99_s: float, priority_p99_s: float,
+              offline_done_fifo: int = 0, offline_done_priority: int = 0) -> Verdict:
+    """Interactive p99 TTFT (s): the class alone, mixed under FIFO, mixed under priority."""
+    hurt = fifo_p99_s / alone_p99_s
+    removed = (fifo_p99_s - priority_p99_s) / (fifo_p99_s - alone_p99_s) if fifo_p99_s > alone_p99_s else 0.0
+    ev = {"p99 TTFT alone": (alone_p99_s, "s"), "p99 TTFT FIFO": (fifo_p99_s, "s"),
+          "p99 TTFT priority": (priority_p99_s, "s"), "FIFO / alone": (hurt, "x"),
+          "excess removed by priority": (100 * removed, "%"),
+          "offline done (FIFO, priority)": (f"{offline_done_fifo}, {offline_done_priority}", "")}
+    problems = [m for ok, m in ((hurt >= HURT, f"FIFO raised interactive p99 TTFT only {hurt:.2f}x"),
+                                (removed >= FIX, f"priority removed only {100 * removed:.0f}% of the excess"))
+                if not ok]
+    return decide(prediction, not problems,
+                  why_holds=f"one FIFO queue made interactive p99 TTFT {hurt:.1f}x its alone value; priority "
+                            f"removed {100 * removed:.0f}% of that",
+                  why_not="; ".join(problems), evidence=ev,
+                  tolerance=f"FIFO >= {HURT:g}x alone; priority removes >= {100 * FIX:.0f}% of FIFO's excess")
+
+
+def _drive(eng: Any, plan: Sequence[tuple[float, list[int], int, int]]) -> list[Any]:
+    """Run `eng` in this thread, submitting each (at_s, prompt_ids, max_tokens, priority) when
+    its time comes (arrival = its planned time, so a late submit still counts its wait)."""
+    t0 = time.monotonic()
+    order = sorted(range(len(plan)), key=lambda i: plan[i][0])
+    reqs: list[Any] = [None] * len(plan)
+    j = 0
+    while True:
+        now = time.monotonic() - t0
+        while j < len(order) and plan[order[j]][0] <= now:
+            at, ids, mt, pr = plan[order[j]]
+            reqs[order[j]] = eng.submit(ids, mt, ignore_eos=True, priority=pr, arrival=t0 + at)
+            j += 1
+        if not eng.step():
+            if j == len(order) and not (eng.running or eng.queue_depth):
+                return reqs
+            if j < len(order):
+                time.sleep(max(0.0, min(0.005, t0 + plan[order[j]][0] - time.monotonic())))
+
+
+def _engine(model: Any, queue: str, max_batch: int, n: int) -> Any:
+    from labkit.serve.engine import Engine, EngineConfig
+    from labkit.sim import schedulers
+
+    eng = Engine(model, EngineConfig(policy="continuous", max_batch=max_batch, max_queue=n + 1, max_model_len=256))
+    # EngineConfig has no queue option: the same scheduler, ordering its queue by the
+    # requests' `priority` (lower first) instead of by arrival alone.
+    eng.policy = schedulers.make("continuous", max_batch=max_batch, queue=queue)
+    eng.warmup()
+    return eng
+
+
+def measure_c16(model: Any, *, max_batch: int = 8, backlog: int = 48, interactive: int = 40, load: float = 0.3,
+                seed: int = 0) -> dict[str, Any]:
+    """Interactive requests (16-token prompts, 8 tokens out, priority 0) at `load` x the
+    measured capacity, arriving while `backlog` offline jobs (32-token prompts, lognormal
+    outputs ~48 tokens, priority 1) submitted at t = 0 wait; p99 TTFT (s) per setup."""
+    rng = np.random.default_rng(seed)
+    vocab, out_i = model.config.vocab_size, 8
+    inter = [rng.integers(0, vocab, 16).tolist() for _ in range(interactive)]
+    probe = _engine(model, "fifo", max_batch, 4 * max_batch)
+    t0 = time.perf_counter()
+    _drive(probe, [(0.0, inter[i % interactive], out_i, 0) for i in range(4 * max_batch)])
+    capacity = 4 * max_batch / (time.perf_counter() - t0)
+    rate = load * capacity
+    at = 0.05 + np.cumsum(rng.exponential(1 / rate, interactive))
+    off_out = np.clip(rng.lognormal(np.log(48), 0.5, backlog).round(), 8, 128).astype(int)
+    offline = [(0.0, rng.integers(0, vocab, 32).tolist(), int(o), 1) for o in off_out]
+    online = [(float(t), ids, out_i, 0) for t, ids in zip(at, inter)]
+    out: dict[str, Any] = {"capacity_rps": capacity, "interactive_rps": rate, "offline_out": float(off_out.mean()),
+                           "max_batch": max_batch, "backlog": backlog, "interactive_out": out_i}
+    for name, queue, plan in (("alone", "fifo", online), ("fifo", "fifo", online + offline),
+                              ("priority", "priority", online + offline)):
+        reqs = _drive(_engine(model, queue, max_batch, len(plan)), plan)
+        out[name] = float(np.percentile([r.ttft for r in reqs[:interactive]], 99))
+        out[f"offline_done_{name}"] = sum(r.state == "done" for r in reqs[interactive:])
+    return out
+
+
+def run_c16(size: str = "smoke", device: Any = None) -> Verdict:
+    import torch
+
+    from labkit.model import load_tiny
+
+    torch.set_num_threads(1)
+    m = measure_c16(load_tiny(), backlog=48 if size == "smoke" else 160, interactive=40 if size == "smoke" else 200)
+    pred = predict_c16(m["capacity_rps"], m["interactive_rps"], m["backlog"], m["offline_out"], m["max_batch"],
+                       m["interactive_out"])
+    return judge_c16(pred, m["alone"], m["fifo"], m["priority"], m["offline_done_fifo"], m["offline_done_priority"])
+
+
+# ------------------------------------------------------------------------------- C17
+def measure_kv_growth(model: Any, batches: Sequence[int] = (1, 4, 16), lengths: Sequence[int] = (100, 200, 400),
+                      block_size: int = 16) -> list[tuple[int, int, int]]:
+    """(batch, tokens per sequence, KV bytes allocated): the engine's blocks in use after
+    prefilling `batch` prompts of `length` tokens, times the pool's bytes per block (its
+    tensors' bytes / its blocks, the padding sink included)."""
+    import torch
+
+    from labkit.serve.engine import Engine, EngineConfig
+
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for b in batches:
+        for t in lengths:
+            blocks = b * (-(-(t + 2) // block_size)) + 1
+            eng = Engine(model, EngineConfig(max_batch=b, max_queue=b + 1, block_size=block_size, kv_blocks=blocks,
+                                             max_model_len=t + 8, watermark=0.0))
+            for _ in range(b):
+                eng.submit(torch.randint(0, model.config.vocab_size, (t,), generator=gen).tolist(), 2, ignore_eos=True)
+            eng.step()  # admits and prefills all of them
+            rows.append((b, t, int(eng.kv.used * eng.pool.nbytes / (eng.pool.n_blocks + 1))))
+    return rows
+
+
+def linear_fit(tokens: Sequence[float], nbytes: Sequence[float]) -> dict[str, float]:
+    """Least-squares bytes = slope x tokens + intercept; R^2, and the largest deviation of a
+    point's bytes per token from the slope (linear growth through zero: no hidden per-request
+    or fixed part; block rounding is what remains)."""
+    x, y = np.asarray(tokens, float), np.asarray(nbytes, float)
+    slope, icpt = np.polyfit(x, y, 1)
+    fit = slope * x + icpt
+    r2 = 1 - float(np.sum((y - fit) ** 2)) / float(np.sum((y - y.mean()) ** 2))
+    return {"slope": float(slope), "intercept": float(icpt), "r2": r2, "max_dev": float(np.max(np.abs(y / x / slope - 1)))}
+
+
+def predict_c17(bytes_per_token: int, int8_bytes_per_token: int, paged_conc: float, maxlen_conc: float) -> Prediction:
+    return Prediction.of("C17", f"KV bytes = {bytes_per_token} B x tokens x sequences; paged blocks fit "
+                                f"~{paged_conc / max(maxlen_conc, 1):.1f}x, int8 ~{bytes_per_token / int8_bytes_per_token:.1f}x "
+                                "the sequences", **{"bytes/token": (bytes_per_token, "B"),
+                                                    "int8 bytes/token": (int8_bytes_per_token, "B"),
+                                                    "paged conc.": (paged_conc, "seqs"),
+                                                    "max-len conc.": (maxlen_conc, "seqs")})
+
+
+def judge_c17(prediction: Prediction, growth: Sequence[tuple[int, int, int]], paged_peak: int, maxlen_peak: int,
+              int8_peak: int | None = None, model_peak: int | None = None) -> Verdict:
+    """`growth`: (batch, tokens per sequence, bytes) measured; peak running sequences at one
+    budget: paged vs max-length reservation, int8 vs model-dtype KV (None: not measured)."""
+    fit = linear_fit([b * t for b, t, _ in growth], [n for *_, n in growth])
+    want = prediction.values["bytes/token"].value
+    slope_dev = fit["slope"] / want - 1
+    paging = paged_peak / max(maxlen_peak, 1)
+    ev: dict[str, Any] = {"fitted slope": (fit["slope"], "B/token"), "R^2": (fit["r2"], ""),
+                          "max deviation from fit": (100 * fit["max_dev"], "%"),
+                          "paged / max-len sequences": (paging, "x")}
+    problems = []
+    if fit["r2"] < R2 or fit["max_dev"] > DEV:
+        problems.append(f"KV bytes are not linear in tokens (R^2 {fit['r2']:.3f}, worst {100 * fit['max_dev']:.0f}%)")
+    if abs(slope_dev) > DEV:
+        problems.append(f"slope {fit['slope']:.0f} B/token is {100 * slope_dev:+.0f}% off the model's {want:.0f}")
+    if paging < MORE:
+        problems.append(f"paged blocks fit only {paging:.2f}x the sequences")
+    if int8_peak is not None and model_peak:
+        ev["int8 / model-dtype sequences"] = (int8_peak / model_peak, "x")
+        if int8_peak / model_peak < MORE:
+            problems.append(f"int8 KV fit only {int8_peak / model_peak:.2f}x the sequences")
+    return decide(prediction, not problems,
+                  why_holds=f"allocated KV grew linearly ({fit['slope']:.0f} B/token, R^2 {fit['r2']:.4f}); paged "
+                            f"blocks fit {paging:.1f}x the sequences" +
+                            (f", int8 {int8_peak / model_peak:.1f}x" if int8_peak is not None and model_peak else ""),
+                  why_not="; ".join(problems), evidence=ev,
+                  tolerance=f"R^2 >= {R2}, points and slope within {100 * DEV:.0f}% (block rounding); "
+                            f">= {MORE:g}x the sequences")
+
+
+def run_c17(size: str = "smoke", device: Any = None) -> Verdict:
+    import torch
+
+    from labkit import presets
+    from labkit.model import load_tiny
+    from labkit.model.kv_memory import kv_bytes_per_token
+    from labkit.serve import kv_bench as kb
+
+    torch.set_num_threads(1)
+    P = presets.sizes("kv_cache", size)
+    model = load_tiny()
+    per, per8 = kv_bytes_per_token(model.config, model.dtype), kv_bytes_per_token(model.config, "int8")
+    wl = kb.mixed_workload(P["engine_requests"], P["prompt_median"], P["output_median"], P["engine_max_len"])
+    wl8 = kb.mixed_workload(P["int8_requests"], P["prompt_median"], P["output_median"], P["engine_max_len"])
+    budget = P["engine_budget_tokens"] * per
+    pred = predict_c17(per, per8, kb.predict(wl, P["engine_budget_tokens"], 16, "on_demand")["max_concurrency"],
+                       kb.predict(wl, P["engine_budget_tokens"], 16, "max_len")["max_concurrency"])
+    growth = measure_kv_growth(model)
+    paged, contig = (kb.run(model, wl, budget, kv_reserve=m)["peak_running"] for m in ("on_demand", "max_len"))
+    int8, base = (kb.run(model, wl8, budget, kv_dtype=k)["peak_running"] for k in ("int8", "model"))
+    return judge_c17(pred, growth, paged, contig, int8, base)
+
+
+# ------------------------------------------------------------------------------- C18
+def measure_c18(encoder: Any) -> dict[str, Any]:
+    """Pick, on data/cache_eval/pairs.jsonl, the lowest threshold (cosine alone, or with the
+    lexical guard: whichever reuses more) from which hit precision on NON-IDENTICAL pairs
+    (prepared prompts differ) stays >= 99 %; then count its hits on heldout.jsonl."""
+    from labkit.serve import cache_bench as cb
+    from labkit.serve.cache import normalize_prompt
+
+    def non_identical(pairs: list[dict]) -> np.ndarray:
+        return np.array([normalize_prompt(p["a"]).lower() != normalize_prompt(p["b"]).lower() for p in pairs])
+
+    pairs, held = cb.load_pairs(), cb.load_pairs("heldout.jsonl")
+    ev, hv = cb.evaluate(encoder, pairs), cb.evaluate(encoder, held)
+    m, hm = non_identical(pairs), non_identical(held)
+    best = None
+    for name, allowed in (("cosine", None), ("guarded", ev["allowed"])):
+        rows = cb.sweep(ev["scores"][m], ev["same_mask"][m], None if allowed is None else allowed[m])
+        safe = cb.safe_threshold(rows, PRECISION)
+        if safe and (best is None or safe["true_hits"] > best[1]["true_hits"]):
+            best = (name, safe)
+    out: dict[str, Any] = {"encoder": encoder.name, "train_same": int((ev["same_mask"] & m).sum()),
+                           "held_same": int((hv["same_mask"] & hm).sum()), "variant": None, "threshold": None}
+    if best is None:
+        return out
+    name, safe = best
+    hit = (hv["scores"] >= safe["threshold"]) & hm & (hv["allowed"] if name == "guarded" else True)
+    out.update(variant=name, threshold=safe["threshold"], train_hit_rate=safe["hit_rate"],
+               held_true=int((hit & hv["same_mask"]).sum()), held_false=int((hit & ~hv["same_mask"]).sum()))
+    return out
+
+
+def predict_c18(m: dict[str, Any]) -> Prediction:
+    """The threshold chosen on the labelled pairs (before the held-out pairs are scored)."""
+    if m["threshold"] is None:
+        return Prediction.of("C18", f"no threshold keeps >= 99% precision on non-identical labelled pairs "
+                                    f"({m['encoder']})", encoder=(m["encoder"], ""))
+    return Prediction.of("C18", f"threshold {m['threshold']:.3f} ({m['variant']}, {m['encoder']}) reuses "
+                                f"{m['train_hit_rate']:.0%} of non-identical paraphrases at >= 99% precision; "
+                                "held-out pairs should do the same",
+                         threshold=(m["threshold"], ""), **{"labelled hit rate": (100 * m["train_hit_rate"], "%")})
+
+
+def judge_c18(prediction: Prediction, threshold: float | None, held_true: int, held_false: int,
+              held_same: int) -> Verdict:
+    """Hits on held-out NON-IDENTICAL pairs at the chosen `threshold` (None: none was found):
+    right (`held_true`, of `held_same` same-meaning pairs) and wrong (`held_false`)."""
+    tol = f"non-identical held-out hits >= 1 at hit precision >= {100 * PRECISION:.0f}%"
+    if threshold is None:
+        return decide(prediction, False, why_holds="", why_not="does not hold at any threshold here: no threshold "
+                      "keeps 99% precision on non-identical labelled pairs", evidence={}, tolerance=tol)
+    hits = held_true + held_false
+    prec = held_true / hits if hits else float("nan")
+    ev = {"threshold": (threshold, ""), "non-identical hit rate": (100 * held_true / max(held_same, 1), "%"),
+          "precision": (100 * prec, "%"), "false hits": (held_false, "")}
+    if held_same == 0:
+        return inconclusive(prediction, "the held-out set has no non-identical same-meaning pairs", ev, tol)
+    ok = held_true >= 1 and prec >= PRECISION
+    return decide(prediction, ok,
+                  why_holds=f"{held_true}/{held_same} held-out paraphrases reused with no more than 1% wrong answers",
+                  why_not=("no held-out paraphrase was reused" if held_true == 0 else
+                           f"precision {100 * prec:.0f}% on held-out pairs: {held_false} wrong answers served"),
+                  evidence=ev, tolerance=tol)
+
+
+def run_c18(size: str = "smoke", device: Any = None) -> Verdict:
+    from labkit.serve.embed import load_encoder
+
+    m = measure_c18(load_encoder("auto", "cpu"))
+    return judge_c18(predict_c18(m), m["threshold"], m.get("held_true", 0), m.get("held_false", 0), m["held_same"])

@@ -1,0 +1,147 @@
+"""Judges of C15-C20 on synthetic measurements (each made to hold and to fail), the knee
+locator on synthetic curves, and the engine-driven measurements on tiny sizes."""
+
+import math
+
+import numpy as np
+import pytest
+
+from labkit.ledger import FAILS, HOLDS, INCONCLUSIVE, ch5, ch6
+from labkit.sim.sweep import first_past
+
+
+def _s(p99, tput):
+    return {"e2e": {"p99": p99}, "throughput_rps": tput}
+
+
+# ------------------------------------------------------------------------------- C15
+def test_c15_holds_and_fails():
+    p = ch5.predict_c15(16e6, 4096, 64, 8)
+    assert 6 < p.values["predicted gain"].value < 8
+    v = ch5.judge_c15(p, 0.010, 0.012, 8, _s(10.0, 1.0), _s(2.0, 1.2), 8.0, 1.0)
+    assert v.outcome == HOLDS
+    # a batch step that costs 8x a batch-1 step amortises nothing
+    assert ch5.judge_c15(p, 0.010, 0.080, 8, _s(10.0, 1.0), _s(2.0, 1.2), 8.0, 1.0).outcome == FAILS
+    # static as good as continuous on the tail
+    assert ch5.judge_c15(p, 0.010, 0.012, 8, _s(2.0, 1.0), _s(2.0, 1.0), 1.0, 1.0).outcome == FAILS
+
+
+# ------------------------------------------------------------------------------- C16
+def test_c16_holds_and_fails():
+    p = ch5.predict_c16(100.0, 30.0, 48, 48, 8, 8)
+    assert p.values["FIFO wait"].value > p.values["priority wait"].value
+    assert ch5.judge_c16(p, 0.02, 2.0, 0.1).outcome == HOLDS
+    assert ch5.judge_c16(p, 0.02, 0.03, 0.02).outcome == FAILS       # FIFO did not hurt
+    assert ch5.judge_c16(p, 0.02, 2.0, 1.5).outcome == FAILS         # priority did not fix
+
+
+# ------------------------------------------------------------------------------- C17
+def test_c17_holds_and_fails():
+    p = ch5.predict_c17(4096, 1152, 20, 4)
+    lin = [(b, t, 4096 * b * (-(-t // 16)) * 16) for b in (1, 4, 16) for t in (100, 200, 400)]
+    assert ch5.judge_c17(p, lin, 20, 4, 30, 10).outcome == HOLDS
+    quad = [(b, t, 4096 * (b * t) ** 2 // 1000) for b in (1, 4, 16) for t in (100, 200, 400)]
+    assert ch5.judge_c17(p, quad, 20, 4, 30, 10).outcome == FAILS
+    assert ch5.judge_c17(p, lin, 4, 4, 30, 10).outcome == FAILS      # paging fit no more
+    assert ch5.judge_c17(p, lin, 20, 4, 10, 10).outcome == FAILS     # int8 fit no more
+    fixed = [(b, t, 4096 * b * t + 50_000_000) for b, t, _ in lin]   # a fixed part hidden in "growth"
+    assert ch5.judge_c17(p, fixed, 20, 4).outcome == FAILS
+
+
+def test_kv_growth_on_the_engine_is_measured(one_thread):
+    from labkit.model import Transformer
+
+    model = Transformer.from_preset("tiny")
+    rows = ch5.measure_kv_growth(model, batches=(1, 3), lengths=(20, 50))
+    per_block = rows[0][2] / 2  # 20 (+ room) tokens -> 2 blocks of 16
+    assert [n for *_, n in rows] == [per_block * k for k in (2, 4, 6, 12)]
+
+
+# ------------------------------------------------------------------------------- C18
+def test_c18_holds_fails_and_no_threshold():
+    p = ch5.predict_c18({"threshold": 0.9, "variant": "guarded", "encoder": "x", "train_hit_rate": 0.5})
+    assert ch5.judge_c18(p, 0.9, 12, 0, 22).outcome == HOLDS
+    assert ch5.judge_c18(p, 0.9, 12, 2, 22).outcome == FAILS         # wrong answers served
+    assert ch5.judge_c18(p, 0.9, 0, 0, 22).outcome == FAILS          # no paraphrase ever reused
+    none = ch5.predict_c18({"threshold": None, "encoder": "x"})
+    v = ch5.judge_c18(none, None, 0, 0, 22)
+    assert v.outcome == FAILS and "any threshold" in v.reason
+
+
+def test_c18_measure_ignores_identical_pairs():
+    from labkit.serve.embed import load_encoder
+
+    m = ch5.measure_c18(load_encoder("ngram"))
+    assert m["held_same"] < 28  # the surface-only (identical once normalised) pairs are left out
+    if m["threshold"] is not None:
+        assert m["held_true"] + m["held_false"] <= 68
+
+
+# ------------------------------------------------------------------------------- C19
+def test_c19_holds_both_ways_fails_and_inconclusive():
+    p = ch6.predict_c19(0.04, 0.5, 16, 160)
+    assert -0.45 < p.values["mean change (shape)"].value / 100 < -0.25
+    assert ch6.judge_c19(p, -0.30, -0.05).outcome == HOLDS            # the article's example
+    assert ch6.judge_c19(p, -0.05, -0.40).outcome == HOLDS            # the reverse: tail moved, mean not
+    assert ch6.judge_c19(p, -0.30, -0.28).outcome == FAILS            # moved together
+    assert ch6.judge_c19(p, -0.05, -0.04).outcome == INCONCLUSIVE     # nothing moved
+    assert ch6.judge_c19(p, math.nan, -0.3).outcome == INCONCLUSIVE
+
+
+# ------------------------------------------------------------------------------- C20
+def _open_curve(cap, rates, base=1.0):
+    """An M/M/1-like server: throughput min(rate, cap), p99 base / (1 - rho) below cap."""
+    rows = []
+    for r in rates:
+        rho = min(r / cap, 0.999)
+        rows.append({"rate": r, "throughput_rps": min(r, cap), "e2e": {"p99": base / (1 - rho) if r < cap else
+                                                                         base * 50 * r / cap}})
+    return rows
+
+
+def _batch_curve(cap, rates, base=1.0):
+    """A batching server: latency stays flat until the batch fills near capacity."""
+    return [{"rate": r, "throughput_rps": min(r, cap),
+             "e2e": {"p99": base * (1 + min(r / cap, 0.999) ** 10 / (1 - min(r / cap, 0.999))) * max(1, r / cap)}}
+            for r in rates]
+
+
+def test_first_past_on_synthetic_curves():
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        cap = rng.uniform(1, 100)
+        rates = sorted(rng.uniform(0.01, 3, 10) * cap)
+        rows = _open_curve(cap, rates)
+        k = first_past(rows, "rate", 2.0)
+        base = min(rows, key=lambda r: r["rate"])["e2e"]["p99"]
+        if k is None:
+            assert all(r["e2e"]["p99"] <= 2 * base for r in rows)
+        else:
+            assert k["e2e"]["p99"] > 2 * base
+            assert all(r["e2e"]["p99"] <= 2 * base for r in rows if r["rate"] < k["rate"])
+    flat = _open_curve(100.0, [1, 2, 4, 8])  # far below capacity: no knee in range
+    assert first_past(flat, "rate") is None
+    with pytest.raises(ValueError, match="factor"):
+        first_past(flat, "rate", 1.0)
+
+
+def test_c20_holds_fails_and_inconclusive():
+    p = ch6.predict_c20(10.0, "rate", [1, 30], "test")
+    rates = list(np.geomspace(1, 30, 10))
+    assert ch6.judge_c20(p, _batch_curve(10.0, rates), "rate").outcome == HOLDS
+    # one-at-a-time (M/M/1): p99 doubles at about half of capacity, so the knee is not capacity
+    assert ch6.judge_c20(p, _open_curve(10.0, rates), "rate").outcome == FAILS
+    # latency climbs from the lightest load
+    climb = [{"rate": r, "throughput_rps": r, "e2e": {"p99": r ** 2}} for r in rates]
+    assert ch6.judge_c20(p, climb, "rate").outcome == FAILS
+    # throughput keeps rising well past the knee
+    rising = [{"rate": r, "throughput_rps": 0.95 * r, "e2e": {"p99": 1.0 if r < 5 else 10.0}} for r in rates]
+    assert ch6.judge_c20(p, rising, "rate").outcome == FAILS
+    # the sweep never reaches capacity: no knee in range
+    assert ch6.judge_c20(p, _batch_curve(1000.0, rates), "rate").outcome == INCONCLUSIVE
+    # closed loop: throughput grows with users until the batch is full
+    users = [1, 2, 4, 8, 16, 32]
+    closed = [{"concurrency": c, "throughput_rps": 10 * min(c, 8), "e2e": {"p99": max(1.0, (c / 8) ** 2)}} for c in users]
+    assert ch6.judge_c20(p, closed, "concurrency").outcome == HOLDS
+    with pytest.raises(ValueError, match="axis"):
+        ch6.judge_c20(p, closed, "users")
