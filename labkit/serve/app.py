@@ -1,8 +1,9 @@
 """The HTTP side: a FastAPI app over an `Engine` running in its own thread.
 
-Endpoints: ``POST /v1/completions`` (OpenAI-compatible, streaming as server-sent events
-or not, with `usage`), ``GET /health``, ``GET /metrics`` (Prometheus text),
-``GET /v1/models``.
+Endpoints: ``POST /v1/completions`` and ``POST /v1/chat/completions`` (OpenAI-compatible,
+streaming as server-sent events or not, with `usage`, stop strings, logprobs), ``GET /health``,
+``GET /metrics`` (Prometheus text), ``GET /v1/models``; `labkit.serve.surface` adds the API
+key, content-type and body-size guard, JSON errors, /tokenize, /detokenize, /version.
 
 The engine thread hands each step's events to the event loop with one
 ``call_soon_threadsafe``; each request reads its own asyncio queue. A client that goes
@@ -21,9 +22,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.background import BackgroundTask
 
-from labkit.serve import protocol
+from labkit.serve import protocol, surface
 from labkit.serve.engine import Engine, EngineClosed, Event, QueueFull
-from labkit.serve.protocol import BadRequest, CompletionRequest, Detokenizer, Reply
+from labkit.serve.protocol import BadRequest, CompletionRequest, Reply
 
 log = logging.getLogger("labkit.serve")
 RETRY_AFTER_S = 1  # what a 429 tells the client to wait (s)
@@ -86,7 +87,8 @@ class Service:
 
 
 def create_app(service: Service) -> FastAPI:
-    app = FastAPI(title="labkit serve", docs_url=None, redoc_url=None)
+    app = FastAPI(title="labkit serve", docs_url=None, redoc_url=None, openapi_url=None)
+    surface.install(app, service)
     engine, metrics = service.engine, service.metrics
 
     @app.get("/health")
@@ -104,26 +106,32 @@ def create_app(service: Service) -> FastAPI:
         return {"object": "list", "data": [{"id": service.model_name, "object": "model", "owned_by": "labkit",
                                             "max_model_len": engine.cfg.max_model_len}]}
 
+    @app.post("/v1/chat/completions")
     @app.post("/v1/completions")
     async def completions(request: Request):
         t0 = time.monotonic()
         service.loop = service.loop or asyncio.get_running_loop()
         try:
-            req = protocol.parse_completion(protocol.parse_json(await request.body()))
+            req = protocol.parse_request(request.url.path, await request.body(), service.model_name)
             ids = service.prompt_ids(req)
         except BadRequest as e:
             metrics.count("invalid")
             return JSONResponse(e.body(), status_code=e.status)
-        reply = Reply(service.model_name)
+        reply = Reply(service.model_name, req, ids, service.tok)
+        early = await surface.prepare(service, req, ids, reply)  # echo logprobs; max_tokens 0 ends here
+        if early is not None:
+            return early
         tenant = tenant_of(request, req)
-        text = await service.cache_call("get", tenant, _text(req.prompt, service.tok), req.cache_params())
+        text = await service.cache_call("get", tenant, _text(req.prompt, service.tok), req.cache_params()) \
+            if req.cacheable else None
         if text is not None:
             metrics.add("cache_hits")
             return _cached(req, reply, ids, text, service.tok)
         queue: asyncio.Queue = asyncio.Queue()
         try:
             handle = engine.submit(ids, req.max_tokens, temperature=req.temperature, top_p=req.top_p,
-                                   top_k=req.top_k, seed=req.seed, ignore_eos=req.ignore_eos, arrival=t0, tag=queue)
+                                   top_k=req.top_k, seed=req.seed, ignore_eos=req.ignore_eos, arrival=t0, tag=queue,
+                                   logprobs=req.logprobs)
         except QueueFull as e:
             metrics.count("rejected")
             return JSONResponse(protocol.error_body(str(e), "rate_limit_error"), status_code=429,
@@ -135,7 +143,7 @@ def create_app(service: Service) -> FastAPI:
         except ValueError as e:  # the engine's own checks (KV capacity)
             metrics.count("invalid")
             return JSONResponse(protocol.error_body(str(e), "invalid_request_error", "max_tokens"), status_code=400)
-        detok = Detokenizer(service.tok, skip={engine.cfg.eos_id})
+        detok = protocol.Output(service.tok, req, reply, handle, skip={engine.cfg.eos_id})
 
         async def store(text: str) -> None:
             await service.cache_call("put", tenant, _text(req.prompt, service.tok), req.cache_params(), text)
@@ -171,7 +179,7 @@ def _cached(req: CompletionRequest, reply: Reply, ids: list[int], text: str, tok
 
 
 async def _stream(engine: Engine, handle, queue: asyncio.Queue, req: CompletionRequest, reply: Reply,
-                  detok: Detokenizer, store) -> AsyncIterator[bytes]:
+                  detok: protocol.Output, store) -> AsyncIterator[bytes]:
     """SSE chunks: one per token that completes text, a final one with finish_reason, usage if
     asked, then [DONE]; an engine error becomes an error event. If Starlette cancels this
     generator (the client disconnected), the `finally` cancels the sequence."""
@@ -184,13 +192,16 @@ async def _stream(engine: Engine, handle, queue: asyncio.Queue, req: CompletionR
                 if piece:
                     text.append(piece)
                     yield reply.chunk(piece)
-                continue
+                if not detok.stopped:
+                    continue
+                engine.cancel(handle, "stop")  # a stop string ended it: free its blocks now
+                value = "stop"
             if value in ("stop", "length"):
                 rest = detok.flush()
                 text.append(rest)
                 yield reply.chunk(rest, value)
                 if req.include_usage:
-                    yield reply.usage_chunk(protocol.usage(handle.prompt, handle.n_out))
+                    yield reply.usage_chunk(protocol.usage(handle.prompt, detok.n))
                 yield protocol.sse("[DONE]")
                 await store("".join(text))
             else:
@@ -203,7 +214,7 @@ async def _stream(engine: Engine, handle, queue: asyncio.Queue, req: CompletionR
 
 
 async def _complete(engine: Engine, handle, queue: asyncio.Queue, request: Request, reply: Reply,
-                    detok: Detokenizer, store):
+                    detok: protocol.Output, store):
     """Wait for the whole completion, or for the client to hang up (then cancel it)."""
     async def disconnected() -> None:
         while (await request.receive())["type"] != "http.disconnect":
@@ -222,10 +233,14 @@ async def _complete(engine: Engine, handle, queue: asyncio.Queue, request: Reque
             kind, value = get.result()
             if kind == "token":
                 text.append(detok.add(value))
-            elif value in ("stop", "length"):
+                if not detok.stopped:
+                    continue
+                engine.cancel(handle, "stop")  # a stop string ended it: free its blocks now
+                value = "stop"
+            if value in ("stop", "length"):
                 text.append(detok.flush())
                 answer = "".join(text)
-                return JSONResponse(reply.full(answer, value, protocol.usage(handle.prompt, handle.n_out)),
+                return JSONResponse(reply.full(answer, value, protocol.usage(handle.prompt, detok.n)),
                                     background=BackgroundTask(store, answer))  # cached after sending
             else:
                 return JSONResponse(protocol.error_body(handle.error or value, "server_error"),

@@ -40,6 +40,9 @@ _HELP = {
     "device": "auto | cpu | cuda | mps",
     "seed": "base seed of requests that give none",
     "log_level": "debug | info | warning | error",
+    "api_key": "require 'Authorization: Bearer KEY' (401 otherwise) on all but /health, /metrics, /version",
+    "served_model_name": "model id clients send and /v1/models lists (default: the preset's name)",
+    "max_body_bytes": "request bodies larger than this get 413, unread (bytes)",
 }
 
 
@@ -50,7 +53,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     defaults = ServerConfig()
     for f in dataclasses.fields(ServerConfig):
         default = getattr(defaults, f.name)
-        kind = {"kv_blocks": int, "cache": str}.get(f.name, type(default))
+        kind = {"kv_blocks": int, "cache": str, "api_key": str, "served_model_name": str}.get(f.name, type(default))
         p.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=kind, default=default,
                        choices=_CHOICES.get(f.name), help=_HELP.get(f.name))
     p.add_argument("--port-file", default=None, help="write the bound port to this file once listening")

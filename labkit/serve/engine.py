@@ -39,6 +39,7 @@ import torch
 from labkit.model.generate import SamplingParams, sample
 from labkit.model.kv_quant import check_kv_dtype
 from labkit.serve.blocks import RESERVE, BlockManager
+from labkit.serve.logprobs import token_logprob
 from labkit.serve.metrics import Metrics
 from labkit.serve.paged import PagedKVCache
 from labkit.sim import schedulers
@@ -131,6 +132,8 @@ class Request:
         self.finish_reason: str | None = None  # stop | length | cancelled | error
         self.error: str | None = None
         self.t_first = self.t_done = math.nan
+        self.logprobs: int | None = None  # top alternatives to record per token (None: none)
+        self.lp: list = []  # one `labkit.serve.logprobs` record per out_ids entry, when logprobs is set
 
     @property
     def tokens(self) -> list[int]:
@@ -179,7 +182,7 @@ class Engine:
         self._ids = itertools.count()
         self._lock = threading.Condition()
         self._inbox: list[Request] = []
-        self._cancels: list[Request] = []
+        self._cancels: list[tuple[Request, str]] = []
         self._events: list[Event] = []
         self._closing = False
         self._deadline = math.inf
@@ -188,7 +191,7 @@ class Engine:
     # ================================================================ any thread
     def submit(self, prompt_ids: Sequence[int], max_tokens: int, *, temperature: float = 0.0, top_p: float = 1.0,
                top_k: int = 0, seed: int | None = None, ignore_eos: bool = False, priority: int = 0,
-               arrival: float | None = None, tag: Any = None) -> Request:
+               arrival: float | None = None, tag: Any = None, logprobs: int | None = None) -> Request:
         """Queue a request: `prompt_ids` (token ids), up to `max_tokens` new tokens.
 
         Raises ValueError for bad arguments (naming the argument), QueueFull when
@@ -222,15 +225,17 @@ class Engine:
                 gen.manual_seed(seed if seed is not None else (self.cfg.seed << 32) + rid)
             req = Request(rid, ids, max_tokens, sampling, gen, ignore_eos, priority,
                           time.monotonic() if arrival is None else arrival, tag)
+            req.logprobs = logprobs
             self._inbox.append(req)
             self.metrics.count("accepted")
             self._lock.notify()
         return req
 
-    def cancel(self, req: Request) -> None:
-        """Stop `req` (the client went away): its blocks are freed at the next step."""
+    def cancel(self, req: Request, reason: str = "cancelled") -> None:
+        """Stop `req` (the client went away; or "stop": a stop string ended it, which counts as
+        completed): its blocks are freed at the next step."""
         with self._lock:
-            self._cancels.append(req)
+            self._cancels.append((req, reason))
             self._lock.notify()
 
     @property
@@ -317,8 +322,8 @@ class Engine:
             cancels, self._cancels = self._cancels, []
         for req in inbox:
             self.policy.add(req)  # the engine bounds the queue, the policy's is unbounded
-        for req in cancels:
-            self._finish(req, "cancelled")
+        for req, reason in cancels:
+            self._finish(req, reason)
 
     def _grow(self, decoders: list[Request]) -> list[Request]:
         """Give each decoding sequence the block its next token needs, preempting the
@@ -389,6 +394,9 @@ class Engine:
         for j, (i, r) in enumerate(zip(idx, reqs)):
             if not r.sampling.greedy:
                 out[j] = int(sample(logits[i: i + 1], r.sampling, r.generator)[0])
+        for j, (i, r) in enumerate(zip(idx, reqs)):
+            if r.logprobs is not None:  # of the raw logits, before temperature/top-k/top-p
+                r.lp.append(token_logprob(logits[i], out[j], r.logprobs))
         return out
 
     def _append(self, r: Request, tok: int) -> None:

@@ -32,6 +32,7 @@ import torch
 
 from labkit.serve.engine import POLICIES, Engine, EngineConfig
 from labkit.serve.metrics import parse_prometheus
+from labkit.serve.surface import DEFAULT_MAX_BODY_BYTES
 
 log = logging.getLogger("labkit.serve")
 CACHES = ("exact", "semantic")
@@ -44,7 +45,9 @@ class ServerConfig:
     intra-op threads in the server process (1 leaves the other cores to a load generator);
     `cache`: None | "exact" | "semantic" result cache (`labkit.serve.cache`); `drain_s`: how
     long shutdown lets requests in flight finish (s); `device`: "auto" | "cpu" | "cuda" ...
-    `port` 0 picks a free port."""
+    `port` 0 picks a free port. `api_key`: bearer key every endpoint but /health, /metrics and
+    /version asks for (None: none); `served_model_name`: the model id clients send and see
+    (None: the preset's name); `max_body_bytes`: larger request bodies get 413 (bytes)."""
 
     preset: str = "tiny"
     policy: str = "continuous"
@@ -66,6 +69,9 @@ class ServerConfig:
     device: str = "auto"
     seed: int = 0
     log_level: str = "warning"
+    api_key: str | None = None
+    served_model_name: str | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -78,6 +84,12 @@ class ServerConfig:
             raise ValueError(f"threads must be an integer >= 0 (0 = torch's default), got {self.threads!r}")
         if not self.drain_s >= 0:
             raise ValueError(f"drain_s must be >= 0 s, got {self.drain_s!r}")
+        if not (isinstance(self.max_body_bytes, int) and self.max_body_bytes >= 1024):
+            raise ValueError(f"max_body_bytes must be an integer >= 1024 bytes, got {self.max_body_bytes!r}")
+        for name in ("api_key", "served_model_name"):
+            v = getattr(self, name)
+            if v is not None and not (isinstance(v, str) and v.strip() and v.isprintable()):
+                raise ValueError(f"{name} must be a non-empty printable string or None, got {v!r}")
 
     def engine_config(self, eos_id: int | None) -> EngineConfig:
         return EngineConfig(policy=self.policy, max_batch=self.max_batch, max_queue=self.max_queue,
@@ -141,8 +153,26 @@ def build(cfg: ServerConfig):
         from labkit.serve.cache import make_cache
 
         cache = make_cache(cfg.cache)
-    service = Service(engine, tok, cfg.preset, cache)
+    service = Service(engine, tok, cfg.served_model_name or cfg.preset, cache)
+    service.api_key, service.max_body_bytes = cfg.api_key, cfg.max_body_bytes  # read by surface.install
     return service, create_app(service)
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A bound TCP socket for uvicorn (`port` 0 picks a free one).
+
+    It is created with proto=IPPROTO_TCP on purpose: asyncio sets TCP_NODELAY on accepted
+    connections only when the listening socket says it is TCP (``sock.proto``), and a
+    ``socket.socket(AF_INET)`` says proto 0. Without NODELAY, Nagle holds the first small
+    SSE chunk on a reused keep-alive connection until the client's delayed ACK (~40 ms
+    on Linux), which inflates TTFT as every client sees it. Set on the listener as well:
+    Linux copies it to accepted sockets."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM,
+                         socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind((host, port))
+    return sock
 
 
 def run(cfg: ServerConfig, port_file: str | None = None) -> int:
@@ -152,9 +182,7 @@ def run(cfg: ServerConfig, port_file: str | None = None) -> int:
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     service, app = build(cfg)
     engine = service.engine
-    sock = socket.socket(socket.AF_INET6 if ":" in cfg.host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((cfg.host, cfg.port))
+    sock = listen_socket(cfg.host, cfg.port)
     port = sock.getsockname()[1]
     if cfg.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"labkit serve: WARNING listening on {cfg.host}, reachable from other machines", flush=True)
