@@ -17,9 +17,12 @@ $(STAMP): pyproject.toml scripts/setup.sh
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 
 # Learners work on copies in work/ (git-ignored): the committed notebooks stay without outputs.
+# WORK: where the copies live; LAB_ARGS: extra JupyterLab options (the browser test sets a port and token).
+WORK     ?= work
+LAB_ARGS ?=
 lab: setup  ## open the workbook in JupyterLab on localhost, on your copies in work/ (token auth on)
-	$(PY) -m labkit workcopy
-	$(PY) -m jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=work $(ROOT_FLAG)
+	$(PY) -m labkit workcopy --to $(WORK)
+	$(PY) -m jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=$(WORK) $(ROOT_FLAG) $(LAB_ARGS)
 
 test: setup  ## run the whole test suite (unit tests + every notebook in smoke mode)
 	$(PY) -m pytest

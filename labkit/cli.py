@@ -27,8 +27,10 @@ def _notebooks(args: argparse.Namespace) -> int:
 def _workcopy(args: argparse.Namespace) -> int:
     from labkit import notebooks
 
-    made = notebooks.make_work_copies()
-    print(f"work/: {len(made)} new notebook copies" + (f" ({', '.join(p.name for p in made)})" if made else
+    from pathlib import Path
+
+    made = notebooks.make_work_copies(Path(args.to))
+    print(f"{args.to}/: {len(made)} new notebook copies" + (f" ({', '.join(p.name for p in made)})" if made else
                                                           " (existing copies kept; delete one to refresh it)"))
     return 0
 
@@ -73,6 +75,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.set_defaults(func=_bench)
 
     p = sub.add_parser("workcopy", help="copy the notebooks into work/ (git-ignored) for a learner to edit")
+    p.add_argument("--to", default="work", help="folder for the copies (default work/)")
     p.set_defaults(func=_workcopy)
 
     p = sub.add_parser("ledger", help="run every claim's experiment on this machine; one verdict table")

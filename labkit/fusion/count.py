@@ -15,12 +15,25 @@ Three numbers tell the framework-overhead story (claim C6):
 from __future__ import annotations
 
 import collections
-import re
 import dataclasses
+import os
+import re
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
+
+
+def quiet_profiler() -> None:
+    """Silence kineto's per-session log lines (``USDT: ... profiler_start/stop`` on stderr,
+    one pair per profiled call: dozens of red boxes in a notebook). Kineto reads
+    KINETO_LOG_LEVEL when the profiler first initialises, so this must run before the
+    first ``torch.profiler.profile``; 6 = its highest level, errors only above it. A value
+    the user set stays."""
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+
+
+quiet_profiler()  # at import: every profiler use in labkit.fusion goes through this module
 
 # ATen ops that move no data (metadata, views, allocation): not kernels.
 NON_KERNEL_OPS = frozenset({
@@ -54,8 +67,13 @@ class OpCount:
         return f"{self.label}: {self.ops} dispatched ops, {self.kernels} kernels"
 
 
+# Operator namespaces that dispatch a kernel: ATen, and oneDNN's fused ops (e.g.
+# mkldnn::_convolution_pointwise, conv + activation in one call).
+_OP_NAMESPACES = ("aten::", "mkldnn::")
+
+
 def _is_aten(name: str) -> bool:
-    return name.startswith("aten::")
+    return name.startswith(_OP_NAMESPACES)
 
 
 def _has_aten_ancestor(ev) -> bool:

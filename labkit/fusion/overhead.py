@@ -33,6 +33,32 @@ class TinyOps(nn.Module):
         return x
 
 
+def per_op_cost_s(device: torch.device | str = "cpu", width: int = 16, ops: int = 300) -> float:
+    """Seconds one tiny eager op of `TinyOps`'s kinds costs on `device`, measured on its own.
+
+    A burst of `ops` calls of each kind (mul by a tensor, add a Python scalar, sin) on a
+    `width`-element tensor, fresh outputs as in the model, under inference_mode; the mean
+    over the kinds. Unlike `per_op_overhead_s` (a one-element add into a preallocated
+    output, the dispatcher's floor) this includes the allocation and scalar wrapping the
+    model's ops pay, so it is the cost C6's prediction multiplies by the op count.
+    """
+    from labkit.timing import measure
+
+    if width < 1 or ops < 1:
+        raise ValueError(f"width and ops must be >= 1, got width={width}, ops={ops}")
+    dev = torch.device(device)
+    x, s = torch.ones(width, device=dev), torch.full((width,), 0.5, device=dev)
+    kinds = (lambda: x * s, lambda: x + 1.0, lambda: torch.sin(x))
+    per_kind = []
+    with torch.inference_mode():
+        for op in kinds:
+            def burst(op=op) -> None:
+                for _ in range(ops):
+                    op()
+            per_kind.append(measure(burst, warmup=1, repeat=5, device=dev).median / ops)
+    return sum(per_kind) / len(per_kind)
+
+
 def per_op_overhead_s(device: torch.device | str = "cpu", ops: int = 1000) -> float:
     """Seconds one tiny eager op costs on `device`, from `labkit.bench.dispatch_overhead`."""
     from labkit.bench.suites import dispatch_overhead

@@ -190,18 +190,30 @@ def _engine(model: Any, queue: str, max_batch: int, n: int) -> Any:
     return eng
 
 
-def measure_c16(model: Any, *, max_batch: int = 8, backlog: int = 48, interactive: int = 40, load: float = 0.3,
-                seed: int = 0) -> dict[str, Any]:
-    """Interactive requests (16-token prompts, 8 tokens out, priority 0) at `load` x the
-    measured capacity, arriving while `backlog` offline jobs (32-token prompts, lognormal
+INTERACTIVE_OUT = 8  # tokens an interactive request generates (its prompt: 16 tokens)
+
+
+def engine_capacity(model: Any, max_batch: int = 8, seed: int = 0) -> float:
+    """Interactive requests/s the engine completes with its batch kept full (4 batches' worth
+    submitted at once), measured now."""
+    rng = np.random.default_rng(seed + 1)
+    n = 4 * max_batch
+    eng = _engine(model, "fifo", max_batch, n)
+    plan = [(0.0, rng.integers(0, model.config.vocab_size, 16).tolist(), INTERACTIVE_OUT, 0) for _ in range(n)]
+    t0 = time.perf_counter()
+    _drive(eng, plan)
+    return n / (time.perf_counter() - t0)
+
+
+def measure_c16(model: Any, capacity_rps: float, *, max_batch: int = 8, backlog: int = 48, interactive: int = 40,
+                load: float = 0.3, seed: int = 0) -> dict[str, Any]:
+    """Interactive requests (16-token prompts, 8 tokens out, priority 0) at `load` x
+    `capacity_rps`, arriving while `backlog` offline jobs (32-token prompts, lognormal
     outputs ~48 tokens, priority 1) submitted at t = 0 wait; p99 TTFT (s) per setup."""
     rng = np.random.default_rng(seed)
-    vocab, out_i = model.config.vocab_size, 8
+    vocab, out_i = model.config.vocab_size, INTERACTIVE_OUT
     inter = [rng.integers(0, vocab, 16).tolist() for _ in range(interactive)]
-    probe = _engine(model, "fifo", max_batch, 4 * max_batch)
-    t0 = time.perf_counter()
-    _drive(probe, [(0.0, inter[i % interactive], out_i, 0) for i in range(4 * max_batch)])
-    capacity = 4 * max_batch / (time.perf_counter() - t0)
+    capacity = capacity_rps
     rate = load * capacity
     at = 0.05 + np.cumsum(rng.exponential(1 / rate, interactive))
     off_out = np.clip(rng.lognormal(np.log(48), 0.5, backlog).round(), 8, 128).astype(int)
@@ -223,9 +235,11 @@ def run_c16(size: str = "smoke", device: Any = None) -> Verdict:
     from labkit.model import load_tiny
 
     torch.set_num_threads(1)
-    m = measure_c16(load_tiny(), backlog=48 if size == "smoke" else 160, interactive=40 if size == "smoke" else 200)
-    pred = predict_c16(m["capacity_rps"], m["interactive_rps"], m["backlog"], m["offline_out"], m["max_batch"],
-                       m["interactive_out"])
+    model = load_tiny()
+    backlog, n = (48, 40) if size == "smoke" else (160, 200)
+    cap = engine_capacity(model)
+    pred = predict_c16(cap, 0.3 * cap, backlog, 48.0, 8, INTERACTIVE_OUT)
+    m = measure_c16(model, cap, backlog=backlog, interactive=n)
     return judge_c16(pred, m["alone"], m["fifo"], m["priority"], m["offline_done_fifo"], m["offline_done_priority"])
 
 
@@ -304,58 +318,90 @@ def judge_c17(prediction: Prediction, growth: Sequence[tuple[int, int, int]], pa
                             f">= {MORE:g}x the sequences")
 
 
-def run_c17(size: str = "smoke", device: Any = None) -> Verdict:
-    import torch
-
+def c17_setup(size: str = "smoke") -> tuple[Prediction, dict[str, Any]]:
+    """The prediction (from the model's shape and the workload's lengths) and what to measure."""
     from labkit import presets
     from labkit.model import load_tiny
     from labkit.model.kv_memory import kv_bytes_per_token
     from labkit.serve import kv_bench as kb
 
-    torch.set_num_threads(1)
     P = presets.sizes("kv_cache", size)
     model = load_tiny()
     per, per8 = kv_bytes_per_token(model.config, model.dtype), kv_bytes_per_token(model.config, "int8")
     wl = kb.mixed_workload(P["engine_requests"], P["prompt_median"], P["output_median"], P["engine_max_len"])
     wl8 = kb.mixed_workload(P["int8_requests"], P["prompt_median"], P["output_median"], P["engine_max_len"])
-    budget = P["engine_budget_tokens"] * per
     pred = predict_c17(per, per8, kb.predict(wl, P["engine_budget_tokens"], 16, "on_demand")["max_concurrency"],
                        kb.predict(wl, P["engine_budget_tokens"], 16, "max_len")["max_concurrency"])
-    growth = measure_kv_growth(model)
-    paged, contig = (kb.run(model, wl, budget, kv_reserve=m)["peak_running"] for m in ("on_demand", "max_len"))
-    int8, base = (kb.run(model, wl8, budget, kv_dtype=k)["peak_running"] for k in ("int8", "model"))
-    return judge_c17(pred, growth, paged, contig, int8, base)
+    return pred, {"model": model, "wl": wl, "wl8": wl8, "budget": P["engine_budget_tokens"] * per}
+
+
+def c17_measure(setup: dict[str, Any]) -> dict[str, Any]:
+    """KV growth on the engine, and peak running sequences: paged vs max-length, int8 vs model dtype."""
+    from labkit.serve import kv_bench as kb
+
+    model, budget = setup["model"], setup["budget"]
+    out: dict[str, Any] = {"growth": measure_kv_growth(model)}
+    for name, wl, kw in (("paged", setup["wl"], {"kv_reserve": "on_demand"}),
+                         ("max_len", setup["wl"], {"kv_reserve": "max_len"}),
+                         ("int8", setup["wl8"], {"kv_dtype": "int8"}), ("model", setup["wl8"], {"kv_dtype": "model"})):
+        out[name] = kb.run(model, wl, budget, **kw)["peak_running"]
+    return out
+
+
+def run_c17(size: str = "smoke", device: Any = None) -> Verdict:
+    import torch
+
+    torch.set_num_threads(1)
+    pred, setup = c17_setup(size)
+    m = c17_measure(setup)
+    return judge_c17(pred, m["growth"], m["paged"], m["max_len"], m["int8"], m["model"])
 
 
 # ------------------------------------------------------------------------------- C18
-def measure_c18(encoder: Any) -> dict[str, Any]:
-    """Pick, on data/cache_eval/pairs.jsonl, the lowest threshold (cosine alone, or with the
-    lexical guard: whichever reuses more) from which hit precision on NON-IDENTICAL pairs
-    (prepared prompts differ) stays >= 99 %; then count its hits on heldout.jsonl."""
-    from labkit.serve import cache_bench as cb
+def _non_identical(pairs: list[dict]) -> np.ndarray:
+    """Pairs whose prompts still differ once prepared as the semantic cache prepares them."""
     from labkit.serve.cache import normalize_prompt
 
-    def non_identical(pairs: list[dict]) -> np.ndarray:
-        return np.array([normalize_prompt(p["a"]).lower() != normalize_prompt(p["b"]).lower() for p in pairs])
+    return np.array([normalize_prompt(p["a"]).lower() != normalize_prompt(p["b"]).lower() for p in pairs])
 
-    pairs, held = cb.load_pairs(), cb.load_pairs("heldout.jsonl")
-    ev, hv = cb.evaluate(encoder, pairs), cb.evaluate(encoder, held)
-    m, hm = non_identical(pairs), non_identical(held)
+
+def choose_c18(encoder: Any) -> dict[str, Any]:
+    """On data/cache_eval/pairs.jsonl only: the lowest threshold (cosine alone, or with the
+    lexical guard: whichever reuses more) from which hit precision on NON-IDENTICAL pairs
+    stays >= 99 % (threshold None if none does)."""
+    from labkit.serve import cache_bench as cb
+
+    pairs = cb.load_pairs()
+    ev, m = cb.evaluate(encoder, pairs), _non_identical(pairs)
     best = None
     for name, allowed in (("cosine", None), ("guarded", ev["allowed"])):
         rows = cb.sweep(ev["scores"][m], ev["same_mask"][m], None if allowed is None else allowed[m])
         safe = cb.safe_threshold(rows, PRECISION)
         if safe and (best is None or safe["true_hits"] > best[1]["true_hits"]):
             best = (name, safe)
-    out: dict[str, Any] = {"encoder": encoder.name, "train_same": int((ev["same_mask"] & m).sum()),
-                           "held_same": int((hv["same_mask"] & hm).sum()), "variant": None, "threshold": None}
-    if best is None:
-        return out
-    name, safe = best
-    hit = (hv["scores"] >= safe["threshold"]) & hm & (hv["allowed"] if name == "guarded" else True)
-    out.update(variant=name, threshold=safe["threshold"], train_hit_rate=safe["hit_rate"],
-               held_true=int((hit & hv["same_mask"]).sum()), held_false=int((hit & ~hv["same_mask"]).sum()))
+    out: dict[str, Any] = {"encoder": encoder.name, "variant": None, "threshold": None}
+    if best is not None:
+        out.update(variant=best[0], threshold=best[1]["threshold"], train_hit_rate=best[1]["hit_rate"])
     return out
+
+
+def heldout_c18(encoder: Any, chosen: dict[str, Any]) -> dict[str, int]:
+    """Hits of the chosen threshold on data/cache_eval/heldout.jsonl's non-identical pairs."""
+    from labkit.serve import cache_bench as cb
+
+    held = cb.load_pairs("heldout.jsonl")
+    hv, hm = cb.evaluate(encoder, held), _non_identical(held)
+    out = {"held_same": int((hv["same_mask"] & hm).sum()), "held_true": 0, "held_false": 0}
+    if chosen["threshold"] is not None:
+        hit = (hv["scores"] >= chosen["threshold"]) & hm & (hv["allowed"] if chosen["variant"] == "guarded" else True)
+        out.update(held_true=int((hit & hv["same_mask"]).sum()), held_false=int((hit & ~hv["same_mask"]).sum()))
+    return out
+
+
+def measure_c18(encoder: Any) -> dict[str, Any]:
+    """`choose_c18` then `heldout_c18`, in one dict."""
+    chosen = choose_c18(encoder)
+    return {**chosen, **heldout_c18(encoder, chosen)}
 
 
 def predict_c18(m: dict[str, Any]) -> Prediction:
@@ -394,5 +440,8 @@ def judge_c18(prediction: Prediction, threshold: float | None, held_true: int, h
 def run_c18(size: str = "smoke", device: Any = None) -> Verdict:
     from labkit.serve.embed import load_encoder
 
-    m = measure_c18(load_encoder("auto", "cpu"))
-    return judge_c18(predict_c18(m), m["threshold"], m.get("held_true", 0), m.get("held_false", 0), m["held_same"])
+    enc = load_encoder("auto", "cpu")
+    chosen = choose_c18(enc)
+    pred = predict_c18(chosen)
+    m = heldout_c18(enc, chosen)
+    return judge_c18(pred, chosen["threshold"], m["held_true"], m["held_false"], m["held_same"])
