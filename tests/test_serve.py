@@ -410,7 +410,9 @@ async def _load(url: str, clients: int, burst: int, drop_share: float, seed: int
     async def user(session, i, deadline):
         while time.monotonic() < deadline:
             drop = i in droppers
-            if await one(session, rng.choice(PROMPTS), 64 if drop else rng.randint(2, 6), drop) != "429":
+            # droppers ask for most of max_model_len so that the hang-up after their 2nd token lands
+            # long before the last one, even on a CPU several times faster than ours
+            if await one(session, rng.choice(PROMPTS), 200 if drop else rng.randint(2, 6), drop) != "429":
                 return
             await asyncio.sleep(1.0 + rng.random())  # as Retry-After says (1 s), with jitter
 
@@ -457,26 +459,20 @@ def test_no_request_lost_under_overload_and_disconnects(server):
     assert m["labkit_peak_running"] <= SERVER["max_batch"]
 
 
-def test_non_streaming_client_that_hangs_up_is_cancelled(server):
-    before = server.metrics()
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(server.url + "/v1/completions", json={"prompt": "Hello", "max_tokens": 200, "ignore_eos": True},
-                   timeout=0.3)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        m = server.metrics()
-        if m['labkit_requests_total{status="cancelled"}'] > before['labkit_requests_total{status="cancelled"}']:
-            break
-        time.sleep(0.05)
-    assert m['labkit_requests_total{status="cancelled"}'] == before['labkit_requests_total{status="cancelled"}'] + 1
-    assert m["labkit_kv_blocks_used"] == 0
+@pytest.fixture(scope="module")
+def second_server():
+    """One batch slot and the exact result cache, for the cache test."""
+    with start_server(ServerConfig(**dict(SERVER, max_batch=1, drain_s=1.0, cache="exact"))) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")
-def second_server():
-    """One batch slot, a 1 s drain and the exact result cache: the cache test runs on it,
-    then the shutdown test stops it (one start-up for both)."""
-    with start_server(ServerConfig(**dict(SERVER, max_batch=1, drain_s=1.0, cache="exact"))) as srv:
+def draining_server():
+    """Static batches of 4 that wait an hour to fill, and no drain: whether a request is
+    finished or cut at SIGTERM is then set by these time parameters, not by how fast this
+    CPU decodes (a batch of 3 can never start; one of 4 starts at once)."""
+    cfg = dict(SERVER, policy="static", max_batch=4, max_wait=3600.0, drain_s=0.0)
+    with start_server(ServerConfig(**cfg)) as srv:
         yield srv
 
 
@@ -500,10 +496,40 @@ def test_result_cache_is_scoped_by_tenant(second_server):
     assert calls[0]["usage"] == first["usage"]
 
 
-def test_graceful_shutdown_ends_every_request(second_server):
+def _wait_for(predicate, timeout_s: float = 30.0, what: str = "condition") -> None:
+    """Poll `predicate()` every 20 ms until true; fail the test after `timeout_s` s (a
+    generous bound on a hang, never on how fast the work goes)."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} did not happen within {timeout_s} s")
+        time.sleep(0.02)
+
+
+def test_non_streaming_client_that_hangs_up_is_cancelled(draining_server):
+    """A non-streaming request whose client gives up is cancelled and leaves nothing behind.
+    It waits in a batch of 1 that never fills, so the 0.3 s client timeout always comes
+    first, whatever this CPU's decode speed."""
+    srv = draining_server
+    cancelled = 'labkit_requests_total{status="cancelled"}'
+    before = srv.metrics()
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(srv.url + "/v1/completions", json={"prompt": "Hello", "max_tokens": 200, "ignore_eos": True},
+                   timeout=0.3)
+    _wait_for(lambda: srv.metrics()[cancelled] > before[cancelled], 10.0, "the cancellation")
+    m = srv.metrics()
+    assert m[cancelled] == before[cancelled] + 1
+    assert m["labkit_queue_depth"] == 0 and m["labkit_running"] == 0 and m["labkit_kv_blocks_used"] == 0
+
+
+def test_graceful_shutdown_ends_every_request(draining_server):
     """SIGTERM with streams in flight: each client gets its whole answer or an error event,
-    none hangs, and the process exits 0 within seconds."""
-    srv = second_server
+    none hangs, and the process exits 0 within seconds. A full static batch finishes before
+    the stop; a partial one (waiting an hour to fill) is in flight at the stop and the 0 s
+    drain cuts it, however fast this CPU is."""
+    srv = draining_server
+    accepted = 'labkit_requests_total{status="accepted"}'
+    before = srv.metrics()[accepted]
 
     async def clients():
         async with httpx.AsyncClient(timeout=30) as c:
@@ -512,18 +538,19 @@ def test_graceful_shutdown_ends_every_request(second_server):
                                     json={"prompt": "Hi", "max_tokens": n, "ignore_eos": True, "stream": True}) as r:
                     lines = [line async for line in r.aiter_lines() if line.startswith("data: ")]
                     return r.status_code, lines
-            tasks = [asyncio.ensure_future(one(n)) for n in (4, 250, 250, 250)]
-            await asyncio.sleep(1.0)
+            done = await asyncio.gather(*(one(4) for _ in range(4)))  # a full batch: runs now
+            cut = [asyncio.ensure_future(one(n)) for n in (4, 8, 16)]  # a partial batch: waits
+            await asyncio.to_thread(_wait_for, lambda: srv.metrics()[accepted] >= before + 7, 30.0,
+                                    "7 more accepted requests")
             t0 = time.monotonic()
             rc = await asyncio.to_thread(srv.stop)
-            return rc, time.monotonic() - t0, await asyncio.gather(*tasks)
+            return rc, time.monotonic() - t0, done, await asyncio.gather(*cut)
 
-    rc, stop_s, results = asyncio.run(clients())
+    rc, stop_s, done, cut = asyncio.run(clients())
     assert rc == 0 and stop_s < 15, (rc, stop_s, srv.log()[-2000:])
-    for status, lines in results:
-        assert status == 200 and lines[-1] == "data: [DONE]"
-        last = json.loads(lines[-2][6:])
-        assert ("error" in last) or last["choices"][0]["finish_reason"] == "length"
-    assert sum("error" in json.loads(r[1][-2][6:]) for r in results) >= 1, "the long ones were cut at the drain"
+    for status, lines in done + cut:
+        assert status == 200 and lines[-1] == "data: [DONE]", (status, lines[-3:])
+    assert all(json.loads(lines[-2][6:])["choices"][0]["finish_reason"] == "length" for _, lines in done)
+    assert all("error" in json.loads(lines[-2][6:]) for _, lines in cut), "the waiting batch was cut at the drain"
     assert "Traceback" not in srv.log()
 
