@@ -126,3 +126,28 @@ def test_under_telemetry_reports_rates_and_a_trace():
     run = bench.under_telemetry("gemm", 0.2, device="cpu", interval_s=0.05, m=32, n=32, k=32)
     assert run.calls > 0 and run.flop_per_s > 0 and len(run.trace) >= 1
     assert "cpu_percent" not in run.trace.unavailable
+
+
+def test_check_sizes_the_triad_from_the_cache_and_caps_it_by_memory():
+    from labkit.bench import check
+
+    mib = 2**20
+    assert check.triad_elements(32 * mib, 8.0, memory_bytes=64 * 2**30) == 8 * 32 * mib // 24  # 8 x LLC
+    assert check.triad_elements(480 * mib, 8.0, memory_bytes=4 * 2**30) == 2**30 // 24  # a quarter of memory
+    with pytest.raises(ValueError, match="llc_bytes"):
+        check.triad_elements(0)
+    with pytest.raises(ValueError, match="llc_multiple"):
+        check.triad_elements(mib, 0.5)
+
+
+def test_check_compares_like_with_like_in_back_to_back_pairs():
+    from labkit.bench import check
+
+    assert check.paired_ratio([2.0, 3.0, 100.0], [1.0, 1.0, 1.0]) == 3.0  # the median pair, not the noisy one
+    with pytest.raises(ValueError, match="equal"):
+        check.paired_ratio([1.0], [])
+    t = check.triad(llc_multiple=2.0, rounds=1, llc_bytes=2**20)  # tiny: runs in milliseconds
+    assert t["n"] == 2 * 2**20 // 24 and t["working_set_bytes"] == 24 * t["n"]
+    assert t["ratio"] > 0 and all(t[f"{k}_s"] > 0 for k in ("labkit_1t", "numpy_add", "numpy_2pass", "labkit_all"))
+    with pytest.raises(ValueError, match="rounds"):
+        check.triad(rounds=0)
