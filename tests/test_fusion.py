@@ -173,3 +173,22 @@ def test_decode_bench_eager_counts_and_validation():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA"):
             bench.run("cuda_graph", [1])
+
+
+def test_fold_and_fuse_is_one_op_with_the_same_result():
+    from labkit.fusion.count import count_ops
+    from labkit.fusion.fold import ConvBNReLU, FusedConvReLU, conv_act_fusable, fold_and_fuse, randomize_bn
+
+    g = torch.Generator().manual_seed(0)
+    block = ConvBNReLU(4, 6).eval()
+    randomize_bn(block[1], g)
+    fused, did = fold_and_fuse(block)
+    ok, why = conv_act_fusable("cpu")
+    assert did == ok and why
+    x = torch.randn(2, 4, 9, 9, generator=g)
+    with torch.inference_mode():
+        torch.testing.assert_close(fused(x), block(x), rtol=1e-4, atol=1e-5)
+        if did:
+            assert count_ops(lambda: fused(x)).kernels == 1
+    with pytest.raises(ValueError, match="Conv2d"):
+        FusedConvReLU(nn.Linear(2, 2))

@@ -76,6 +76,47 @@ def fold_block(block: nn.Sequential) -> nn.Sequential:
     return nn.Sequential(*out)
 
 
+def conv_act_fusable(device: torch.device | str = "cpu") -> tuple[bool, str]:
+    """(usable, reason): a conv with the activation in its epilogue, one op, exists on CPUs
+    with oneDNN (``mkldnn::_convolution_pointwise``, what inductor's freezing pass emits)."""
+    kind = torch.device(device).type
+    if kind != "cpu":
+        return False, f"no fused conv+activation op wired up for {kind} here"
+    if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_convolution_pointwise"):
+        return False, "this torch build has no oneDNN fused conv (mkldnn::_convolution_pointwise)"
+    return True, "oneDNN conv with a ReLU epilogue (mkldnn::_convolution_pointwise)"
+
+
+class FusedConvReLU(nn.Module):
+    """``relu(conv2d(x))`` as one oneDNN op: the conv writes its output with the ReLU applied,
+    so the activation makes one trip to memory instead of two."""
+
+    def __init__(self, conv: nn.Conv2d):
+        super().__init__()
+        if not isinstance(conv, nn.Conv2d) or conv.bias is None:
+            raise ValueError(f"need an nn.Conv2d with a bias (a folded one), got {type(conv).__name__}")
+        self.conv = conv
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        c = self.conv
+        return torch.ops.mkldnn._convolution_pointwise(x.contiguous(), c.weight, c.bias, list(c.padding),
+                                                       list(c.stride), list(c.dilation), c.groups, "relu", [], "")
+
+
+def fold_and_fuse(block: nn.Sequential) -> tuple[nn.Module, bool]:
+    """A ConvBNReLU-style `block` (conv, BatchNorm, ReLU) in eval mode as one op where the
+    device allows: BN folded into the conv (`fold_block`), then the ReLU moved into the conv's
+    epilogue (`FusedConvReLU`). Returns (module, activation fused?); without a fused op the
+    module is the folded conv followed by the ReLU (two ops)."""
+    folded = fold_block(block).eval()
+    mods = list(folded)
+    dev = mods[0].weight.device
+    ok, _ = conv_act_fusable(dev)
+    if ok and len(mods) == 2 and isinstance(mods[0], nn.Conv2d) and isinstance(mods[1], nn.ReLU):
+        return FusedConvReLU(mods[0]).eval(), True
+    return folded, False
+
+
 def randomize_bn(bn: nn.Module, generator: torch.Generator | None = None) -> nn.Module:
     """Give `bn` non-trivial running statistics and affine weights (a fresh BatchNorm is
     the identity in eval mode, which would make any folding test pass vacuously)."""
