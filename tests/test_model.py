@@ -27,14 +27,40 @@ HF_CONFIGS = {
     "mqa_headdim": dict(vocab_size=113, hidden_size=40, intermediate_size=72, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=1, head_dim=16,
                         tie_word_embeddings=False, rope_theta=100000.0, rms_norm_eps=1e-5),
+    # Llama 3.1 RoPE scaling with a 32-token "original" context, so the test's 37-token
+    # sequences span all three bands: wavelengths < 8 kept, 8..32 blended, > 32 slowed 8x
+    "llama3_rope": dict(vocab_size=101, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
+                        rope_parameters={"rope_type": "llama3", "rope_theta": 500.0, "factor": 8.0,
+                                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                         "original_max_position_embeddings": 32}),
+    # Qwen2: biases on q, k and v (HF initialises them to 0; _hf_pair makes them random)
+    "qwen2_bias": dict(model="qwen2", vocab_size=109, hidden_size=48, intermediate_size=88,
+                       num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2,
+                       tie_word_embeddings=True, rope_theta=1000000.0, rms_norm_eps=1e-6),
 }
 
 
-def _hf_pair(name: str, tmp_path, **save_kwargs):
+def _hf_model(name: str):
+    """A random transformers model for HF_CONFIGS[name] (seeded), biases random too."""
+    kwargs = dict(HF_CONFIGS[name])
+    family = kwargs.pop("model", "llama")
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(max_position_embeddings=256, initializer_range=0.3,
-                                   **HF_CONFIGS[name])
-    hf = transformers.LlamaForCausalLM(cfg).eval()
+    if family == "qwen2":
+        hf = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+            max_position_embeddings=256, initializer_range=0.3, **kwargs))
+    else:
+        hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            max_position_embeddings=256, initializer_range=0.3, **kwargs))
+    with torch.no_grad():
+        for pname, p in hf.named_parameters():
+            if pname.endswith(".bias"):  # zero biases would test nothing
+                p.normal_(0.0, 0.3)
+    return hf.eval()
+
+
+def _hf_pair(name: str, tmp_path, **save_kwargs):
+    hf = _hf_model(name)
     hf.generation_config.eos_token_id = None  # random models: never stop early (ours gets no stop token)
     hf.save_pretrained(tmp_path, **save_kwargs)
     return hf, load_checkpoint(tmp_path)
@@ -116,6 +142,54 @@ def test_sharded_hf_checkpoint(tmp_path):
     x = torch.arange(10)[None]
     with torch.no_grad():
         assert _rel_err(hf(x).logits, ours(x)) < 1e-4
+
+
+def test_new_features_are_really_exercised(pair):
+    """The llama3 and qwen2 pairs load what makes them different (else parity proves little)."""
+    hf, ours = pair
+    if (getattr(hf.config, "rope_parameters", None) or {}).get("rope_type") == "llama3":
+        plain = 1.0 / (500.0 ** (torch.arange(0, ours.config.head_dim, 2).float() / ours.config.head_dim))
+        assert ours.config.rope_scaling["factor"] == 8.0 and not torch.allclose(ours.inv_freq, plain)
+        assert torch.equal(ours.inv_freq, hf.model.rotary_emb.inv_freq)
+    if hf.config.model_type == "qwen2":
+        assert ours.config.qkv_bias and ours.layers[0].attention.wqkv.bias.abs().min() > 0
+        assert ours.layers[0].attention.wo.bias is None
+
+
+@pytest.mark.parametrize("change, needle", [
+    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}}, "yarn"),
+    ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "linear"),
+    ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0}}, "low_freq_factor"),
+    ({"attention_bias": True}, "attention_bias"),
+    ({"mlp_bias": True}, "mlp_bias"),
+    ({"hidden_act": "gelu"}, "gelu"),
+    ({"model_type": "qwen2", "use_sliding_window": True}, "sliding"),
+    ({"model_type": "gemma"}, "gemma"),
+])
+def test_unsupported_hf_features_are_refused_by_name(change, needle):
+    from labkit.model.checkpoint import hf_config_to_labkit
+
+    base = {"model_type": "llama", "vocab_size": 50, "hidden_size": 32, "num_hidden_layers": 1,
+            "num_attention_heads": 4, "intermediate_size": 64}
+    hf_config_to_labkit(base)  # the base itself is fine
+    with pytest.raises(ValueError, match=needle):
+        hf_config_to_labkit({**base, **change})
+
+
+def test_llama3_scaling_round_trips_and_rejects_bad_values(tmp_path):
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}
+    model = Transformer.from_preset("tiny", seed=0, n_layers=1, rope_scaling=scaling, qkv_bias=True)
+    save_checkpoint(model, tmp_path)
+    back = load_checkpoint(tmp_path)
+    assert back.config == model.config and torch.equal(back.inv_freq, model.inv_freq)
+    x = torch.arange(12)[None]
+    with torch.no_grad():
+        assert torch.equal(back(x), model(x))
+    for bad, needle in (({**scaling, "high_freq_factor": 0.5}, "low_freq_factor"),
+                        ({**scaling, "factor": 0}, "factor"), ({"rope_type": "ntk"}, "ntk")):
+        with pytest.raises(ValueError, match=needle):
+            get_config("tiny", rope_scaling=bad)
 
 
 @pytest.mark.parametrize("tie", [True, False])

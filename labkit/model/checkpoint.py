@@ -8,6 +8,11 @@ HF format: ``config.json`` (``model_type`` llama-like) + ``*.safetensors``, shar
 not. HF Llama applies RoPE with the rotate-half convention, which is what labkit
 implements, so q/k weights load without any permutation; only q/k/v and gate/up are
 concatenated into labkit's fused ``wqkv`` and ``w13``. transformers is never imported.
+
+Supported beyond plain Llama: Llama 3.1's ``llama3`` RoPE frequency scaling, and Qwen2
+(``model_type: qwen2``: biases on q, k and v). Anything else that would change the maths
+(other RoPE types, an output-projection or MLP bias, sliding-window attention, another
+activation) is refused with a ValueError rather than loaded into a model that differs.
 """
 
 from __future__ import annotations
@@ -19,12 +24,13 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from labkit.model.config import ModelConfig
+from labkit.model.config import LLAMA3_KEYS, ModelConfig, check_rope_scaling
 from labkit.model.transformer import INFERENCE_LAYOUT, Transformer, rope_inv_freq
 
 FORMAT = "labkit"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TINY_DIR = REPO_ROOT / "data" / "tiny"
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 
 
 def save_checkpoint(model: Transformer, path: str | Path, extra: dict | None = None) -> Path:
@@ -68,22 +74,55 @@ def _read_safetensors(files: list[Path]) -> dict[str, torch.Tensor]:
     return out
 
 
-def hf_config_to_labkit(hf: dict) -> ModelConfig:
-    """Translate an HF Llama config.json dict into a `ModelConfig`.
+def hf_rope(hf: dict) -> tuple[float, dict | None]:
+    """(rope_theta, labkit `rope_scaling`) from an HF config dict, old or new layout.
 
-    Raises ValueError for features labkit does not implement (biases, non-SiLU MLP,
-    RoPE scaling), rather than loading a model that would silently differ.
+    transformers >= 5 nests RoPE settings in ``rope_parameters``; older configs keep
+    ``rope_theta`` at the top and scaling in ``rope_scaling`` (``type`` in the oldest).
+    Raises ValueError for a RoPE type labkit does not implement."""
+    rope = dict(hf.get("rope_scaling") or {})
+    rope.update(hf.get("rope_parameters") or {})
+    theta = float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    rope_type = rope.get("rope_type") or rope.get("type") or "default"
+    if rope_type == "default":
+        return theta, None
+    if rope_type != "llama3":
+        raise ValueError(f"RoPE type {rope_type!r} not supported; labkit implements 'default' and 'llama3'")
+    scaling = {"rope_type": "llama3", **{k: rope[k] for k in LLAMA3_KEYS if k in rope}}
+    scaling.setdefault("original_max_position_embeddings", hf.get("max_position_embeddings"))
+    check_rope_scaling(scaling)
+    return theta, scaling
+
+
+def hf_qkv_bias(hf: dict) -> bool:
+    """Whether q/k/v carry biases: always for Qwen2, never for Llama. Raises ValueError for
+    biases labkit does not implement (Llama's attention_bias also biases the output
+    projection; mlp_bias)."""
+    if hf.get("mlp_bias"):
+        raise ValueError("mlp_bias checkpoints are not supported (labkit's MLP has no biases)")
+    if hf.get("model_type") == "qwen2":
+        return True
+    if hf.get("attention_bias"):
+        raise ValueError("attention_bias checkpoints (bias on q, k, v and o) are not supported; labkit "
+                         "implements q/k/v biases only, as in Qwen2 (model_type 'qwen2')")
+    return False
+
+
+def hf_config_to_labkit(hf: dict) -> ModelConfig:
+    """Translate an HF Llama or Qwen2 config.json dict into a `ModelConfig`.
+
+    Raises ValueError for features labkit does not implement (an o or MLP bias, non-SiLU
+    MLP, RoPE types other than default/llama3, sliding-window attention), rather than
+    loading a model that would silently differ.
     """
+    model_type = hf.get("model_type", "llama")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"model_type {model_type!r} not supported; choose one of {', '.join(SUPPORTED_MODEL_TYPES)}")
     if hf.get("hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act={hf['hidden_act']!r} not supported; labkit implements 'silu'")
-    if hf.get("attention_bias") or hf.get("mlp_bias"):
-        raise ValueError("attention_bias / mlp_bias checkpoints are not supported (Llama has none)")
-    rope = hf.get("rope_parameters") or {}  # transformers >= 5 nests RoPE settings here
-    theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
-    rope_type = rope.get("rope_type") or (hf.get("rope_scaling") or {}).get("rope_type") \
-        or (hf.get("rope_scaling") or {}).get("type") or "default"
-    if rope_type != "default":
-        raise ValueError(f"RoPE type {rope_type!r} not supported; labkit implements 'default'")
+    if hf.get("use_sliding_window"):
+        raise ValueError("use_sliding_window=True not supported; labkit attends over the whole context")
+    theta, scaling = hf_rope(hf)
     n_heads = hf["num_attention_heads"]
     return ModelConfig(
         vocab_size=hf["vocab_size"],
@@ -94,9 +133,11 @@ def hf_config_to_labkit(hf: dict) -> ModelConfig:
         head_dim=hf.get("head_dim") or hf["hidden_size"] // n_heads,
         hidden_dim=hf["intermediate_size"],
         max_seq_len=hf.get("max_position_embeddings", 2048),
-        rope_theta=float(theta),
+        rope_theta=theta,
         norm_eps=hf.get("rms_norm_eps", 1e-6),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        qkv_bias=hf_qkv_bias(hf),
+        rope_scaling=scaling,
     )
 
 
@@ -126,6 +167,8 @@ def load_hf_llama(path: str | Path, *, dtype: torch.dtype | None = None,
         p = f"model.layers.{i}."
         state[f"layers.{i}.attention.wqkv.weight"] = torch.cat(
             [src[p + f"self_attn.{n}_proj.weight"] for n in "qkv"])
+        if cfg.qkv_bias:
+            state[f"layers.{i}.attention.wqkv.bias"] = torch.cat([src[p + f"self_attn.{n}_proj.bias"] for n in "qkv"])
         state[f"layers.{i}.attention.wo.weight"] = src[p + "self_attn.o_proj.weight"]
         state[f"layers.{i}.feed_forward.w13.weight"] = torch.cat(
             [src[p + "mlp.gate_proj.weight"], src[p + "mlp.up_proj.weight"]])
@@ -137,7 +180,7 @@ def load_hf_llama(path: str | Path, *, dtype: torch.dtype | None = None,
     if cfg.tie_embeddings:
         model.output.weight = model.tok_embeddings.weight  # assign=True replaced the shared Parameter
     # inv_freq was created on the meta device; rebuild it for real.
-    model.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta)
+    model.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
     return model.to(device).eval().set_weight_layout(INFERENCE_LAYOUT)
 
 

@@ -24,6 +24,11 @@ class ModelConfig:
     `head_dim` defaults to ``dim // n_heads`` but may be set explicitly (some HF
     checkpoints use head_dim * n_heads != dim). `max_seq_len` is the context in
     tokens: the longest prompt + generation the model accepts.
+
+    `qkv_bias`: the q, k and v projections carry biases (Qwen2; the output projection
+    never does). `rope_scaling`: None (plain RoPE) or Llama 3.1's frequency scaling,
+    ``{"rope_type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
+    "original_max_position_embeddings"}`` (see `labkit.model.transformer.rope_inv_freq`).
     """
 
     vocab_size: int = 4096
@@ -37,8 +42,11 @@ class ModelConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     tie_embeddings: bool = True
+    qkv_bias: bool = False
+    rope_scaling: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
+        check_rope_scaling(self.rope_scaling)
         if self.n_kv_heads is None:
             self.n_kv_heads = self.n_heads
         if self.head_dim is None:
@@ -62,6 +70,8 @@ class ModelConfig:
         """Parameter count (tied embeddings counted once)."""
         d, hd = self.dim, self.head_dim
         attn = d * hd * (self.n_heads + 2 * self.n_kv_heads) + self.n_heads * hd * d
+        if self.qkv_bias:
+            attn += hd * (self.n_heads + 2 * self.n_kv_heads)
         mlp = 3 * d * self.hidden_dim
         per_layer = attn + mlp + 2 * d
         emb = self.vocab_size * d * (1 if self.tie_embeddings else 2)
@@ -84,6 +94,29 @@ class ModelConfig:
         if unknown:
             raise ValueError(f"unknown ModelConfig fields {sorted(unknown)}; known: {sorted(fields)}")
         return cls(**d)
+
+
+ROPE_TYPES = ("default", "llama3")
+LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def check_rope_scaling(scaling: dict[str, Any] | None) -> None:
+    """Raise ValueError unless `scaling` is None or a complete, sane llama3 RoPE scaling dict."""
+    if scaling is None:
+        return
+    if not isinstance(scaling, dict) or scaling.get("rope_type") != "llama3":
+        kind = scaling.get("rope_type") if isinstance(scaling, dict) else scaling
+        raise ValueError(f"rope_scaling {kind!r} not supported; labkit implements None (plain RoPE) "
+                         f"or rope_type 'llama3'")
+    missing = [k for k in LLAMA3_KEYS if k not in scaling]
+    if missing:
+        raise ValueError(f"llama3 rope_scaling lacks {missing}; it needs {list(LLAMA3_KEYS)}")
+    if not (scaling["factor"] > 0 and scaling["original_max_position_embeddings"] > 0):
+        raise ValueError(f"llama3 rope_scaling needs factor > 0 and original_max_position_embeddings > 0, "
+                         f"got {scaling['factor']!r} and {scaling['original_max_position_embeddings']!r}")
+    if not 0 < scaling["low_freq_factor"] < scaling["high_freq_factor"]:
+        raise ValueError(f"llama3 rope_scaling needs 0 < low_freq_factor < high_freq_factor, got "
+                         f"{scaling['low_freq_factor']!r} and {scaling['high_freq_factor']!r}")
 
 
 PRESETS: dict[str, dict[str, Any]] = {

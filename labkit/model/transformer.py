@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from labkit.model.config import ModelConfig, get_config
+from labkit.model.config import LLAMA3_KEYS, ModelConfig, get_config
 from labkit.model.kv_quant import check_kv_dtype, dequantize_kv, quantize_kv
 
 
@@ -136,9 +136,30 @@ def contiguous_writer(k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, kv_
     return write
 
 
-def rope_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
-    """RoPE inverse frequencies (rad/token), computed exactly as HF Llama does."""
-    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> torch.Tensor:
+    """RoPE inverse frequencies (rad/token), computed exactly as HF Llama does; with a
+    llama3 `scaling` dict (see `ModelConfig.rope_scaling`), rescaled by `llama3_scale`."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    return inv_freq if scaling is None else llama3_scale(inv_freq, **{k: scaling[k] for k in LLAMA3_KEYS})
+
+
+def llama3_scale(inv_freq: torch.Tensor, factor: float, low_freq_factor: float, high_freq_factor: float,
+                 original_max_position_embeddings: int) -> torch.Tensor:
+    """Llama 3.1's RoPE frequency scaling (as transformers' `_compute_llama3_parameters`).
+
+    Wavelengths (tokens per turn, 2π / inv_freq) shorter than the original context /
+    `high_freq_factor` are kept: they resolve nearby positions, which a longer context
+    doesn't change. Those longer than original context / `low_freq_factor` are slowed
+    by `factor`, so positions past the trained context map onto angles the model saw.
+    In between, the two are blended linearly in context / wavelength."""
+    old_ctx = original_max_position_embeddings
+    low_freq_wavelen, high_freq_wavelen = old_ctx / low_freq_factor, old_ctx / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_ctx / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
+    return torch.where(medium, smoothed, scaled)
 
 
 def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor,
@@ -166,7 +187,8 @@ class Attention(nn.Module):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         self.layer_idx = layer_idx
-        self.wqkv = nn.Linear(cfg.dim, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim, bias=False)
+        # Qwen2-style checkpoints add a bias to q, k and v (never to the output projection)
+        self.wqkv = nn.Linear(cfg.dim, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim, bias=cfg.qkv_bias)
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -246,7 +268,8 @@ class Transformer(nn.Module):
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
-        self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta), persistent=False)
+        self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling),
+                             persistent=False)
         self.weight_layout = "nk"
 
     @classmethod
@@ -266,6 +289,8 @@ class Transformer(nn.Module):
                 nn.init.ones_(p)
             elif name.endswith(("wo.weight", "w2.weight")):
                 nn.init.normal_(p, 0.0, resid_std)
+            elif name.endswith(".bias"):
+                nn.init.zeros_(p)
             else:
                 nn.init.normal_(p, 0.0, std)
 
