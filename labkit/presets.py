@@ -165,6 +165,13 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
                  "policies": ["none", "static", "continuous"], "target_points": 6, "target_s": 30,
                  "target_requests": [60, 300]},
     },
+    # 09_case_study: requests per load run, one-at-a-time requests for the unloaded baseline,
+    # seconds the stack sampler runs during the load, overload rate as a multiple of the
+    # predicted capacity, burst size as a multiple of the queue bound.
+    "case": {
+        "smoke": {"requests": 60, "unloaded_requests": 12, "profile_s": 1.5, "overload": 1.5, "burst": 3},
+        "full": {"requests": 300, "unloaded_requests": 40, "profile_s": 5.0, "overload": 1.5, "burst": 3},
+    },
 }
 
 

@@ -38,12 +38,27 @@ def test_committed_notebook_is_clean(path):
     assert nb.metadata.get("kernelspec", {}).get("name") == notebooks.KERNEL_NAME
 
 
+def _servers() -> set[int]:
+    """Pids of `labkit serve` processes now running."""
+    import psutil
+
+    out = set()
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if "labkit.serve" in cmd and "--port-file" in cmd:
+            out.add(p.info["pid"])
+    return out
+
+
 @pytest.mark.timeout(PER_NOTEBOOK_TIMEOUT_S)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_in_smoke_mode(path, kernel):
+    before = _servers()
     result = notebooks.run_notebook(path, BUILD, size="smoke", kernel=kernel,
                                     timeout_s=PER_NOTEBOOK_TIMEOUT_S)
     assert result.output.exists()
+    left = _servers() - before
+    assert not left, f"{path.stem} left labkit serve processes running: pids {sorted(left)}"
     # Every claim this notebook owns must have been recorded through labkit.ledger.
     wanted = ledger.for_notebook(path.stem)
     recorded = {v.claim for v in ledger.read(path.stem, BUILD)}

@@ -285,17 +285,24 @@ def test_incremental_detokenizer_reassembles_the_text(text):
     assert not any("\ufffd" in p for p in pieces) or "\ufffd" in TOK.decode(ids)
 
 
-def test_metrics_text_round_trip():
-    m = metrics_mod.Metrics()
+def test_metrics_text_round_trip_under_vllm_names():
+    m = metrics_mod.Metrics("tiny")
     m.count("accepted", 3)
     m.count("completed", 2)
     for v in (0.003, 0.03, 0.3):
-        m.observe(v, 2 * v)
-    parsed = metrics_mod.parse_prometheus(m.render({"running": 4, "kv_blocks_used": 7}))
-    assert parsed["labkit_running"] == 4 and parsed['labkit_requests_total{status="completed"}'] == 2
-    assert parsed["labkit_ttft_seconds_count"] == 3 and parsed['labkit_e2e_seconds_bucket{le="+Inf"}'] == 3
-    assert parsed['labkit_ttft_seconds_bucket{le="0.005"}'] == 1
-    assert 0.25 <= metrics_mod.histogram_quantile(parsed, "labkit_ttft_seconds", 0.99) <= 0.5
+        m.observe(ttft=v, e2e=2 * v, queue=float("nan"))  # NaN (never reached) is skipped
+    m.finished("length")
+    m.finished("cancelled")
+    parsed = metrics_mod.parse_prometheus(m.render({"running": 4, "queue_depth": 2, "kv_blocks_used": 7}))
+    val = lambda name, **kw: metrics_mod.sample(parsed, name, **kw)  # noqa: E731
+    assert parsed['vllm:num_requests_running{model_name="tiny"}'] == 4 and val("vllm:num_requests_waiting") == 2
+    assert parsed["labkit_kv_blocks_used"] == 7 and parsed['labkit_requests_total{status="completed"}'] == 2
+    assert val("vllm:time_to_first_token_seconds_count") == 3 and val("vllm:request_queue_time_seconds_count") == 0
+    assert val("vllm:e2e_request_latency_seconds_bucket", le="+Inf") == 3
+    assert val("vllm:time_to_first_token_seconds_bucket", le="0.005") == 1
+    assert val("vllm:request_success_total", finished_reason="length") == 1
+    assert val("vllm:request_success_total", finished_reason="abort") == 1
+    assert 0.25 <= metrics_mod.histogram_quantile(parsed, "vllm:time_to_first_token_seconds", 0.99) <= 0.5
 
 
 def test_cli_parser_round_trips_the_config():
@@ -328,10 +335,13 @@ def test_server_starts_on_loopback_in_seconds(server):
     assert server.url.startswith("http://127.0.0.1:") and server.start_s < 30
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}
     m = server.metrics()
-    for name in ("labkit_queue_depth", "labkit_running", "labkit_kv_blocks_used", "labkit_kv_blocks_free",
-                 "labkit_kv_tokens_used", "labkit_kv_tokens_reserved", "labkit_cache_hits_total",
-                 "labkit_ttft_seconds_count", "labkit_e2e_seconds_sum", 'labkit_requests_total{status="accepted"}'):
-        assert name in m, name
+    names = {k.partition("{")[0] for k in m}
+    for name in ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
+                 "labkit_kv_blocks_used", "labkit_kv_blocks_free", "labkit_kv_tokens_used",
+                 "labkit_kv_tokens_reserved", "labkit_cache_hits_total", "vllm:time_to_first_token_seconds_count",
+                 "vllm:inter_token_latency_seconds_count", "vllm:request_queue_time_seconds_count",
+                 "vllm:e2e_request_latency_seconds_sum", "vllm:request_success_total", "labkit_requests_total"):
+        assert name in names, name
     assert m["labkit_kv_blocks_free"] == 8 * 256 // 16
 
 
@@ -441,7 +451,7 @@ def test_no_request_lost_under_overload_and_disconnects(server):
     deadline = time.monotonic() + 20
     while True:  # cancellations land at the engine's next step
         m = server.metrics()
-        if (m["labkit_running"] == 0 and m["labkit_queue_depth"] == 0) or time.monotonic() > deadline:
+        if (metrics_mod.sample(m, "vllm:num_requests_running") == 0 and metrics_mod.sample(m, "vllm:num_requests_waiting") == 0) or time.monotonic() > deadline:
             break
         time.sleep(0.1)
     d = {k: m[k] - before.get(k, 0) for k in m}
@@ -519,7 +529,7 @@ def test_non_streaming_client_that_hangs_up_is_cancelled(draining_server):
     _wait_for(lambda: srv.metrics()[cancelled] > before[cancelled], 10.0, "the cancellation")
     m = srv.metrics()
     assert m[cancelled] == before[cancelled] + 1
-    assert m["labkit_queue_depth"] == 0 and m["labkit_running"] == 0 and m["labkit_kv_blocks_used"] == 0
+    assert metrics_mod.sample(m, "vllm:num_requests_waiting") == 0 and metrics_mod.sample(m, "vllm:num_requests_running") == 0 and m["labkit_kv_blocks_used"] == 0
 
 
 def test_graceful_shutdown_ends_every_request(draining_server):

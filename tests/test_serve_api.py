@@ -14,6 +14,7 @@ import pytest
 
 from labkit.serve import ServerConfig, start_server
 from labkit.serve import protocol
+from labkit.serve.metrics import sample
 from labkit.serve.server import listen_socket
 from labkit.tokenizer import load_tokenizer
 
@@ -157,7 +158,7 @@ def _idle(server) -> dict:
     """Metrics once nothing runs (a cancelled or stopped sequence frees its blocks at the next step)."""
     for _ in range(100):
         m = server.metrics()
-        if m["labkit_running"] == 0 and m["labkit_kv_blocks_used"] == 0:
+        if sample(m, "vllm:num_requests_running") == 0 and m["labkit_kv_blocks_used"] == 0:
             return m
         time.sleep(0.05)
     return m

@@ -165,6 +165,8 @@ async def _read_stream(resp: Any, rec: RequestRecord, start: float, cancel_after
         if obj.get("usage"):
             rec.prompt_tokens = obj["usage"].get("prompt_tokens")
             rec.output_tokens = obj["usage"].get("completion_tokens")
+        if obj.get("labkit_spans"):
+            rec.server_spans = obj["labkit_spans"]
     rec.e2e_s = time.perf_counter() - start
     if done:
         rec.outcome = "ok"
@@ -201,6 +203,7 @@ async def send(session: Any, target: Target, spec: RequestSpec, t0: float, *, se
                 rec.e2e_s = time.perf_counter() - start
                 usage = body.get("usage") or {}
                 rec.prompt_tokens, rec.output_tokens = usage.get("prompt_tokens"), usage.get("completion_tokens")
+                rec.server_spans = body.get("labkit_spans")
                 rec.outcome = "ok" if body.get("choices") else "error"
                 rec.error = None if rec.ok else f"no choices in the answer: {str(body)[:300]}"
     except asyncio.TimeoutError:

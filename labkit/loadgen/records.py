@@ -7,7 +7,8 @@ mid-stream), "error" (any other HTTP status, a broken stream or a connection err
 "timeout" (no complete answer within the request's time limit). Times are in seconds:
 `send_s` and `end_s` since the run started, `ttft_s`, `itl_s` and `e2e_s` relative to the
 send. Token counts come from the server's `usage` (never re-tokenized); None where the
-server did not send them.
+server did not send them. `server_spans` are the server's own breakdown of the request
+(`labkit serve` sends them; other servers don't, then None).
 """
 
 from __future__ import annotations
@@ -42,6 +43,14 @@ class RequestRecord:
     stream: bool = True
     warmup: bool = False                # warm-up requests are recorded but never summarised
     user: int | None = None             # closed loop: which simulated user sent it
+    server_spans: dict[str, float] | None = None  # the server's own spans (s), `labkit.serve.spans`
+
+    @property
+    def wire_s(self) -> float | None:
+        """Client E2E minus the server's total (s): the network, and both ends' event loops."""
+        if self.e2e_s is None or not self.server_spans or "server" not in self.server_spans:
+            return None
+        return self.e2e_s - self.server_spans["server"]
 
     def __post_init__(self) -> None:
         if self.outcome not in OUTCOMES:

@@ -22,7 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.background import BackgroundTask
 
-from labkit.serve import protocol, surface
+from labkit.serve import protocol, spans, surface
 from labkit.serve.engine import Engine, EngineClosed, Event, QueueFull
 from labkit.serve.protocol import BadRequest, CompletionRequest, Reply
 
@@ -39,11 +39,15 @@ def tenant_of(request: Request, req: CompletionRequest) -> str:
 
 
 class Service:
-    """What the handlers share: engine, tokenizer, model name, optional result cache."""
+    """What the handlers share: engine, tokenizer, model name, optional result cache, and the
+    optional pre-processing stage (`labkit.serve.preprocess.Stage`) that text prompts of
+    /v1/completions go through."""
 
-    def __init__(self, engine: Engine, tokenizer: Any, model_name: str, cache: Any = None):
-        self.engine, self.tok, self.model_name, self.cache = engine, tokenizer, model_name, cache
+    def __init__(self, engine: Engine, tokenizer: Any, model_name: str, cache: Any = None, stage: Any = None):
+        self.engine, self.tok, self.model_name, self.cache, self.stage = engine, tokenizer, model_name, cache, stage
         self.metrics = engine.metrics
+        self.metrics.model_name = model_name
+        self.preparing = 0  # requests in tokenization / the pre-processing stage (event-loop thread only)
         self.loop: asyncio.AbstractEventLoop | None = None
         engine.listener = self._from_engine
 
@@ -69,8 +73,35 @@ class Service:
             log.exception("result cache %s failed; answering without it", method)
             return None
 
-    def prompt_ids(self, req: CompletionRequest) -> list[int]:
-        ids = self.tok.encode(req.prompt) if isinstance(req.prompt, str) else req.prompt
+    async def prompt_ids(self, req: CompletionRequest) -> tuple[list[int], dict[str, float]]:
+        """The prompt's token ids, built off the event loop (tokenizing a large prompt, or the
+        pre-processing stage, must not stall other streams), and the spans (s) it took:
+        "preprocess" (the stage, waiting for a worker thread included) or "tokenize"."""
+        use_stage = self.stage is not None and isinstance(req.prompt, str) and not req.chat
+
+        def build() -> list[int]:
+            if use_stage:
+                return self.stage.run(req.prompt)[0]
+            return self.tok.encode(req.prompt) if isinstance(req.prompt, str) else req.prompt
+
+        t0 = time.monotonic()
+        self.preparing += 1
+        try:
+            ids = await asyncio.to_thread(build)
+        finally:
+            self.preparing -= 1
+        took = time.monotonic() - t0
+        if use_stage:
+            self.metrics.observe(preprocess=took)
+        self.check_prompt(req, ids)
+        return ids, ({"preprocess": took} if use_stage else {"tokenize": took})
+
+    def waiting(self) -> int:
+        """Requests waiting: in pre-processing or tokenization, or queued for the engine."""
+        return self.preparing + self.engine.queue_depth
+
+    def check_prompt(self, req: CompletionRequest, ids: list[int]) -> None:
+        """BadRequest naming the field when `ids` cannot be served as asked."""
         cfg = self.engine.cfg
         if not ids:
             raise BadRequest("'prompt' must hold at least 1 token", "prompt")
@@ -83,7 +114,6 @@ class Service:
             raise BadRequest(f"'max_tokens' is {req.max_tokens}; with a {len(ids)}-token prompt at most "
                              f"{cfg.max_model_len - len(ids)} allowed (max_model_len {cfg.max_model_len})",
                              "max_tokens")
-        return ids
 
 
 def create_app(service: Service) -> FastAPI:
@@ -101,6 +131,17 @@ def create_app(service: Service) -> FastAPI:
     async def prometheus() -> PlainTextResponse:
         return PlainTextResponse(metrics.render(engine.gauges()), media_type="text/plain; version=0.0.4")
 
+    @app.get("/debug/stacks")
+    async def stacks(seconds: float = 2.0, hz: float = 100.0) -> JSONResponse:
+        """Sample the server's threads for `seconds` (s) at `hz` (`labkit.serve.stacks`)."""
+        from labkit.serve import stacks as _stacks
+
+        try:
+            return JSONResponse(await asyncio.to_thread(_stacks.sample, seconds, hz))
+        except ValueError as e:
+            field = "seconds" if "seconds" in str(e) else "hz"
+            return JSONResponse(protocol.error_body(str(e), "invalid_request_error", field), status_code=400)
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": service.model_name, "object": "model", "owned_by": "labkit",
@@ -111,9 +152,14 @@ def create_app(service: Service) -> FastAPI:
     async def completions(request: Request):
         t0 = time.monotonic()
         service.loop = service.loop or asyncio.get_running_loop()
+        if service.waiting() >= engine.cfg.max_queue:  # bound the whole wait, pre-processing included
+            metrics.count("rejected")
+            return JSONResponse(protocol.error_body(f"queue full ({engine.cfg.max_queue} requests waiting)",
+                                                    "rate_limit_error"), status_code=429,
+                                headers={"Retry-After": str(RETRY_AFTER_S)})
         try:
             req = protocol.parse_request(request.url.path, await request.body(), service.model_name)
-            ids = service.prompt_ids(req)
+            ids, before = await service.prompt_ids(req)
         except BadRequest as e:
             metrics.count("invalid")
             return JSONResponse(e.body(), status_code=e.status)
@@ -126,7 +172,8 @@ def create_app(service: Service) -> FastAPI:
             if req.cacheable else None
         if text is not None:
             metrics.add("cache_hits")
-            return _cached(req, reply, ids, text, service.tok)
+            return _cached(req, reply, ids, text, service.tok, lambda: spans.request_spans(t0, before, None,
+                                                                                          time.monotonic()))
         queue: asyncio.Queue = asyncio.Queue()
         try:
             handle = engine.submit(ids, req.max_tokens, temperature=req.temperature, top_p=req.top_p,
@@ -144,6 +191,7 @@ def create_app(service: Service) -> FastAPI:
             metrics.count("invalid")
             return JSONResponse(protocol.error_body(str(e), "invalid_request_error", "max_tokens"), status_code=400)
         detok = protocol.Output(service.tok, req, reply, handle, skip={engine.cfg.eos_id})
+        reply.spans = lambda: spans.request_spans(t0, before, handle, time.monotonic())
 
         async def store(text: str) -> None:
             await service.cache_call("put", tenant, _text(req.prompt, service.tok), req.cache_params(), text)
@@ -157,21 +205,28 @@ def create_app(service: Service) -> FastAPI:
     return app
 
 
+def _full(reply: Reply, text: str, reason: str, use: dict[str, int], **kw: Any) -> JSONResponse:
+    """A whole (non-streaming) answer with its spans in the body and the X-Labkit-Spans header."""
+    body = reply.full(text, reason, use)
+    return JSONResponse(body, headers={spans.HEADER: spans.header_value(body[spans.FIELD])}, **kw)
+
+
 def _text(prompt: str | list[int], tok: Any) -> str:
     return prompt if isinstance(prompt, str) else tok.decode(prompt)
 
 
-def _cached(req: CompletionRequest, reply: Reply, ids: list[int], text: str, tok: Any):
+def _cached(req: CompletionRequest, reply: Reply, ids: list[int], text: str, tok: Any, spans_now):
     """A cache hit, answered in the request's form; completion tokens are the answer's real ids."""
     n = len(tok.encode(text))
     use = protocol.usage(len(ids), n)
     reason = "length" if n >= req.max_tokens else "stop"  # the cache keeps text, not the reason
+    reply.spans = spans_now
     if not req.stream:
-        return JSONResponse(reply.full(text, reason, use))
+        return _full(reply, text, reason, use)
 
     async def events() -> AsyncIterator[bytes]:
         yield reply.chunk(text)
-        yield reply.chunk("", reason)
+        yield reply.chunk("", reason, last=not req.include_usage)
         if req.include_usage:
             yield reply.usage_chunk(use)
         yield protocol.sse("[DONE]")
@@ -199,7 +254,7 @@ async def _stream(engine: Engine, handle, queue: asyncio.Queue, req: CompletionR
             if value in ("stop", "length"):
                 rest = detok.flush()
                 text.append(rest)
-                yield reply.chunk(rest, value)
+                yield reply.chunk(rest, value, last=not req.include_usage)
                 if req.include_usage:
                     yield reply.usage_chunk(protocol.usage(handle.prompt, detok.n))
                 yield protocol.sse("[DONE]")
@@ -240,8 +295,8 @@ async def _complete(engine: Engine, handle, queue: asyncio.Queue, request: Reque
             if value in ("stop", "length"):
                 text.append(detok.flush())
                 answer = "".join(text)
-                return JSONResponse(reply.full(answer, value, protocol.usage(handle.prompt, detok.n)),
-                                    background=BackgroundTask(store, answer))  # cached after sending
+                return _full(reply, answer, value, protocol.usage(handle.prompt, detok.n),
+                             background=BackgroundTask(store, answer))  # cached after sending
             else:
                 return JSONResponse(protocol.error_body(handle.error or value, "server_error"),
                                     status_code=503 if engine.closing else 500)

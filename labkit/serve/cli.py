@@ -15,9 +15,11 @@ import sys
 from labkit.model.kv_quant import KV_DTYPES
 from labkit.serve.blocks import RESERVE
 from labkit.serve.engine import POLICIES
+from labkit.serve.preprocess import IMPLEMENTATIONS
 from labkit.serve.server import CACHES, ServerConfig
 
-_CHOICES = {"policy": POLICIES, "kv_dtype": KV_DTYPES, "kv_reserve": RESERVE, "cache": CACHES}
+_CHOICES = {"policy": POLICIES, "kv_dtype": KV_DTYPES, "kv_reserve": RESERVE, "cache": CACHES,
+            "preprocess": IMPLEMENTATIONS}
 
 _HELP = {
     "preset": "model preset: tiny (the trained checkpoint) or a random-weight shape (small, 1b, 7b)",
@@ -43,6 +45,9 @@ _HELP = {
     "api_key": "require 'Authorization: Bearer KEY' (401 otherwise) on all but /health, /metrics, /version",
     "served_model_name": "model id clients send and /v1/models lists (default: the preset's name)",
     "max_body_bytes": "request bodies larger than this get 413, unread (bytes)",
+    "preprocess": "pre-processing stage for text prompts (retrieve, rerank, template): off | global_lock "
+                  "(one shared buffer, one process-wide lock) | per_thread (a buffer per worker thread)",
+    "rerank_k": "pre-processing: BM25 candidates the reranker scores with the model",
 }
 
 

@@ -132,6 +132,8 @@ class Request:
         self.finish_reason: str | None = None  # stop | length | cancelled | error
         self.error: str | None = None
         self.t_first = self.t_done = math.nan
+        # time.monotonic() s: handed to the engine, first admitted, last token so far
+        self.t_submit = self.t_admit = self.t_last = math.nan
         self.logprobs: int | None = None  # top alternatives to record per token (None: none)
         self.lp: list = []  # one `labkit.serve.logprobs` record per out_ids entry, when logprobs is set
 
@@ -147,6 +149,17 @@ class Request:
     @property
     def e2e(self) -> float:
         return self.t_done - self.arrival
+
+    def phases(self) -> dict[str, float]:
+        """The engine's view of this request, in s (NaN where it never got there): ttft and
+        e2e from `arrival`; queue (submitted -> admitted), prefill (admitted -> first token),
+        decode (first -> last token), inference (admitted -> last token), tpot (decode per
+        token after the first)."""
+        last = self.t_last if not math.isnan(self.t_last) else self.t_done
+        return {"ttft": self.ttft, "e2e": self.e2e, "queue": self.t_admit - self.t_submit,
+                "prefill": self.t_first - self.t_admit, "decode": last - self.t_first,
+                "inference": last - self.t_admit,
+                "tpot": (last - self.t_first) / (self.n_out - 1) if self.n_out > 1 else math.nan}
 
     def __repr__(self) -> str:
         return (f"Request({self.id}, {self.state}, prompt={self.prompt}, out={self.n_out}/{self.out}, "
@@ -226,6 +239,7 @@ class Engine:
             req = Request(rid, ids, max_tokens, sampling, gen, ignore_eos, priority,
                           time.monotonic() if arrival is None else arrival, tag)
             req.logprobs = logprobs
+            req.t_submit = time.monotonic()
             self._inbox.append(req)
             self.metrics.count("accepted")
             self._lock.notify()
@@ -252,7 +266,9 @@ class Engine:
 
     def gauges(self) -> dict[str, float]:
         s = self.kv_stats()
-        return dict(queue_depth=self.queue_depth, running=s["running"], kv_blocks_used=s["blocks_used"],
+        return dict(queue_depth=self.queue_depth, running=s["running"],
+                    kv_cache_usage=s["blocks_used"] / max(1, s["blocks_used"] + s["blocks_free"]),
+                    kv_blocks_used=s["blocks_used"],
                     kv_blocks_free=s["blocks_free"], kv_tokens_used=s["tokens_used"],
                     kv_tokens_reserved=s["tokens_reserved"], peak_running=s["peak_running"])
 
@@ -272,6 +288,8 @@ class Engine:
         self.running_by_class[req.cls] += 1
         self.peak_running = max(self.peak_running, len(self.running))
         req.state = "running"
+        if math.isnan(req.t_admit):  # the first admission; a preempted request keeps it
+            req.t_admit = self.now
 
     def prefill(self, req: Request, tokens: int) -> None:
         """Process `tokens` more of `req`'s prompt in this step."""
@@ -406,6 +424,9 @@ class Engine:
         r.n_out += 1
         if math.isnan(r.t_first):
             r.t_first = self.now
+        else:
+            self.metrics.observe(itl=self.now - r.t_last)
+        r.t_last = self.now
         self._events.append((r, "token", tok))
         if tok == self.cfg.eos_id and not r.ignore_eos:
             r.own_done, r.finish_reason = True, "stop"
@@ -450,9 +471,10 @@ class Engine:
         if reason in ("stop", "length"):
             self.metrics.count("completed")
             self.metrics.add("prompt_tokens", r.prompt)
-            self.metrics.observe(None if math.isnan(r.t_first) else r.ttft, r.e2e)
+            self.metrics.observe(**r.phases())
         else:
             self.metrics.count("cancelled" if reason == "cancelled" else "error")
+        self.metrics.finished(reason)
         self._events.append((r, "finish", reason))
 
     def _abort_all(self, why: str) -> None:

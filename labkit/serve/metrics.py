@@ -1,13 +1,26 @@
 """Server metrics: counters, gauges and histograms in Prometheus' text format, and a parser.
 
-Names (all prefixed ``labkit_``): `queue_depth`, `running`, `kv_blocks_used`,
-`kv_blocks_free`, `kv_tokens_used`, `kv_tokens_reserved` (gauges, read at scrape time);
-`requests_total{status=...}`, `prompt_tokens_total`, `generation_tokens_total`,
-`preemptions_total`, `steps_total`, `cache_hits_total` (counters); `ttft_seconds` and
-`e2e_seconds` (histograms, s). Request statuses: accepted (entered the engine's queue),
-completed, error (the engine failed or aborted it; the client got an error), cancelled
-(the client went away), rejected (429/503: queue full or shutting down), invalid (400).
-Every accepted request ends as exactly one of completed, error or cancelled.
+Where vLLM has an equivalent, the name is vLLM's (``vllm:...``), so a dashboard built for
+vLLM reads this server unchanged:
+
+* gauges: `vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`
+  (a fraction, 0-1, as vLLM's despite the name);
+* counters: `vllm:prompt_tokens_total`, `vllm:generation_tokens_total`,
+  `vllm:num_preemptions_total`, `vllm:request_success_total{finished_reason=stop|length|abort}`;
+* histograms (s): `vllm:time_to_first_token_seconds`, `vllm:inter_token_latency_seconds`
+  (every gap between two tokens), `vllm:request_time_per_output_token_seconds` (per request),
+  `vllm:e2e_request_latency_seconds`, `vllm:request_queue_time_seconds` (submitted to the
+  engine until admitted), `vllm:request_prefill_time_seconds` (admitted until first token),
+  `vllm:request_decode_time_seconds` (first to last token), `vllm:request_inference_time_seconds`.
+
+labkit's own (``labkit_...``): `kv_blocks_used`, `kv_blocks_free`, `kv_tokens_used`,
+`kv_tokens_reserved`, `peak_running` (gauges); `requests_total{status=...}`,
+`steps_total`, `cache_hits_total` (counters); `request_preprocess_seconds` (histogram,
+the pre-processing stage incl. waiting for it). Request statuses: accepted (entered the
+engine's queue), completed, error (the engine failed or aborted it; the client got an
+error), cancelled (the client went away), rejected (429/503: queue full or shutting
+down), invalid (400). Every accepted request ends as exactly one of completed, error or
+cancelled.
 """
 
 from __future__ import annotations
@@ -22,7 +35,26 @@ from typing import Iterable
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
                    10.0, 20.0, 40.0, 80.0, 160.0)
 STATUSES = ("accepted", "completed", "error", "cancelled", "rejected", "invalid")
-COUNTERS = ("prompt_tokens", "generation_tokens", "preemptions", "steps", "cache_hits")
+# (name in this class, Prometheus name) of the counters.
+COUNTERS = {"prompt_tokens": "vllm:prompt_tokens_total", "generation_tokens": "vllm:generation_tokens_total",
+            "preemptions": "vllm:num_preemptions_total", "steps": "labkit_steps_total",
+            "cache_hits": "labkit_cache_hits_total"}
+FINISH_REASONS = ("stop", "length", "abort")
+# (key, Prometheus name, help) of the latency histograms, all in s.
+HISTOGRAMS = (
+    ("ttft", "vllm:time_to_first_token_seconds", "Time to first token (s): HTTP arrival to first token"),
+    ("itl", "vllm:inter_token_latency_seconds", "Gap between two consecutive tokens of a request (s)"),
+    ("tpot", "vllm:request_time_per_output_token_seconds", "Mean gap between tokens, per request (s)"),
+    ("e2e", "vllm:e2e_request_latency_seconds", "HTTP arrival to last token (s), completed requests"),
+    ("queue", "vllm:request_queue_time_seconds", "Submitted to the engine until admitted (s)"),
+    ("prefill", "vllm:request_prefill_time_seconds", "Admitted until the first token (s)"),
+    ("decode", "vllm:request_decode_time_seconds", "First token to last token (s)"),
+    ("inference", "vllm:request_inference_time_seconds", "Admitted until the last token (s)"),
+    ("preprocess", "labkit_request_preprocess_seconds", "The pre-processing stage, waiting included (s)"),
+)
+# Gauges the engine reports -> their Prometheus names.
+GAUGES = {"running": "vllm:num_requests_running", "queue_depth": "vllm:num_requests_waiting",
+          "kv_cache_usage": "vllm:kv_cache_usage_perc"}
 
 
 class Histogram:
@@ -39,26 +71,31 @@ class Histogram:
         self.sum += value
         self.count += 1
 
-    def lines(self, name: str, help_: str) -> list[str]:
+    def lines(self, name: str, help_: str, labels: str = "") -> list[str]:
+        """Exposition lines; `labels` like 'model_name="tiny"' go on every sample."""
         out = [f"# HELP {name} {help_}", f"# TYPE {name} histogram"]
+        lab = f"{labels}," if labels else ""
         acc = 0
         for bound, n in zip((*self.bounds, math.inf), self.counts):
             acc += n
             le = "+Inf" if bound == math.inf else repr(bound)
-            out.append(f'{name}_bucket{{le="{le}"}} {acc}')
-        out += [f"{name}_sum {self.sum!r}", f"{name}_count {self.count}"]
+            out.append(f'{name}_bucket{{{lab}le="{le}"}} {acc}')
+        tail = f"{{{labels}}}" if labels else ""
+        out += [f"{name}_sum{tail} {self.sum!r}", f"{name}_count{tail} {self.count}"]
         return out
 
 
 class Metrics:
-    """Counters and histograms updated by the engine thread and the HTTP handlers (under a lock)."""
+    """Counters and histograms updated by the engine thread and the HTTP handlers (under a lock).
+    `model_name` labels the vLLM-named series, as vLLM does."""
 
-    def __init__(self) -> None:
+    def __init__(self, model_name: str = "") -> None:
         self._lock = threading.Lock()
+        self.model_name = model_name
         self.requests = dict.fromkeys(STATUSES, 0)
         self.counters = dict.fromkeys(COUNTERS, 0)
-        self.ttft = Histogram()
-        self.e2e = Histogram()
+        self.success = dict.fromkeys(FINISH_REASONS, 0)
+        self.hist = {key: Histogram() for key, _, _ in HISTOGRAMS}
 
     def count(self, status: str, n: int = 1) -> None:
         """Add `n` to requests_total{status}."""
@@ -69,26 +106,39 @@ class Metrics:
         with self._lock:
             self.counters[counter] += n
 
-    def observe(self, ttft: float | None, e2e: float) -> None:
-        """Latencies (s) of a completed request (ttft None: no token was produced)."""
+    def finished(self, reason: str) -> None:
+        """A request ended: stop | length (completed) or abort (cancelled, failed)."""
         with self._lock:
-            if ttft is not None:
-                self.ttft.observe(ttft)
-            self.e2e.observe(e2e)
+            self.success[reason if reason in ("stop", "length") else "abort"] += 1
+
+    def observe(self, **values: float | None) -> None:
+        """Latencies (s) by histogram key (see HISTOGRAMS); None values are skipped."""
+        with self._lock:
+            for key, v in values.items():
+                if v is not None and math.isfinite(v):
+                    self.hist[key].observe(v)
 
     def render(self, gauges: dict[str, float]) -> str:
-        """The Prometheus text exposition of everything, with `gauges` (name -> value) read now."""
+        """The Prometheus text exposition of everything, with `gauges` (name -> value) read now;
+        names in GAUGES get vLLM's name, the rest labkit_<name>."""
+        lab = f'model_name="{self.model_name}"'
         out: list[str] = []
         for name, value in gauges.items():
-            out += [f"# TYPE labkit_{name} gauge", f"labkit_{name} {value}"]
+            if name in GAUGES:
+                out += [f"# TYPE {GAUGES[name]} gauge", f"{GAUGES[name]}{{{lab}}} {value}"]
+            else:
+                out += [f"# TYPE labkit_{name} gauge", f"labkit_{name} {value}"]
         with self._lock:
             out += ["# HELP labkit_requests_total Requests by outcome (accepted = completed + error + "
                     "cancelled + in flight)", "# TYPE labkit_requests_total counter"]
             out += [f'labkit_requests_total{{status="{s}"}} {n}' for s, n in self.requests.items()]
-            for name, n in self.counters.items():
-                out += [f"# TYPE labkit_{name}_total counter", f"labkit_{name}_total {n}"]
-            out += self.ttft.lines("labkit_ttft_seconds", "Time to first token (s), completed requests")
-            out += self.e2e.lines("labkit_e2e_seconds", "Arrival to last token (s), completed requests")
+            out += ["# TYPE vllm:request_success_total counter"]
+            out += [f'vllm:request_success_total{{{lab},finished_reason="{r}"}} {n}' for r, n in self.success.items()]
+            for key, n in self.counters.items():
+                name = COUNTERS[key]
+                out += [f"# TYPE {name} counter", f"{name}{{{lab}}} {n}" if name.startswith("vllm:") else f"{name} {n}"]
+            for key, name, help_ in HISTOGRAMS:
+                out += self.hist[key].lines(name, help_, lab if name.startswith("vllm:") else "")
         return "\n".join(out) + "\n"
 
 
@@ -122,3 +172,16 @@ def histogram_quantile(samples: dict[str, float], name: str, q: float) -> float:
         lo, below = bound, cum
     return lo
 
+
+
+def sample(samples: dict[str, float], name: str, **labels: str) -> float:
+    """The sum of `name`'s samples whose labels include `labels` (0.0 if none), e.g.
+    ``sample(m, "vllm:num_requests_running")`` or ``sample(m, "vllm:request_success_total",
+    finished_reason="stop")``."""
+    want = [f'{k}="{v}"' for k, v in labels.items()]
+    total = 0.0
+    for key, v in samples.items():
+        base, _, rest = key.partition("{")
+        if base == name and all(w in rest for w in want):
+            total += v
+    return total

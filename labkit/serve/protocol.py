@@ -277,7 +277,13 @@ class Reply:
         self.prompt_lp: list[TokenLogprob | None] | None = None
         self.out: Output | None = None
         self.usage_now: Any = None
+        self.spans: Any = None  # () -> {span: s}, set by the server; added to the last JSON object sent
         self._first = True
+
+    def _with_spans(self, obj: dict[str, Any]) -> dict[str, Any]:
+        if self.spans is not None:
+            obj["labkit_spans"] = self.spans()
+        return obj
 
     def _obj(self, choices: list[dict[str, Any]], usage_: dict[str, int] | None, chunk: bool = False) -> dict[str, Any]:
         kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
@@ -331,10 +337,11 @@ class Reply:
             choice = {"text": self._prefix() + text, "index": 0, "logprobs": self._logprobs(records),
                       "finish_reason": finish_reason}
         self._first = False
-        return self._obj([choice], usage_)
+        return self._with_spans(self._obj([choice], usage_))
 
-    def chunk(self, text: str, finish_reason: str | None = None) -> bytes:
-        """One SSE chunk carrying the new `text` (and the logprobs of the tokens it completes)."""
+    def chunk(self, text: str, finish_reason: str | None = None, last: bool = False) -> bytes:
+        """One SSE chunk carrying the new `text` (and the logprobs of the tokens it completes);
+        `last`: the last JSON chunk of the stream, which carries the spans."""
         records = self.out.take() if self.out is not None else []
         prefix, first = "", self._first
         if first and not self.chat and self.req.echo:
@@ -350,11 +357,13 @@ class Reply:
         else:
             choice = {"text": prefix + text, "index": 0, "logprobs": self._logprobs(records),
                       "finish_reason": finish_reason}
-        return sse(self._obj([choice], self.usage_now() if self.req.continuous_usage and self.usage_now else None,
-                             chunk=True))
+        obj = self._obj([choice], self.usage_now() if self.req.continuous_usage and self.usage_now else None,
+                        chunk=True)
+        return sse(self._with_spans(obj) if last else obj)
 
     def usage_chunk(self, usage_: dict[str, int]) -> bytes:
-        return sse(self._obj([], usage_, chunk=True))
+        """The usage chunk, the last JSON chunk of a stream that asked for usage (carries the spans)."""
+        return sse(self._with_spans(self._obj([], usage_, chunk=True)))
 
 
 class Output:

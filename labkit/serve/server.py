@@ -32,6 +32,7 @@ import torch
 
 from labkit.serve.engine import POLICIES, Engine, EngineConfig
 from labkit.serve.metrics import parse_prometheus
+from labkit.serve.preprocess import StageConfig
 from labkit.serve.surface import DEFAULT_MAX_BODY_BYTES
 
 log = logging.getLogger("labkit.serve")
@@ -47,7 +48,9 @@ class ServerConfig:
     long shutdown lets requests in flight finish (s); `device`: "auto" | "cpu" | "cuda" ...
     `port` 0 picks a free port. `api_key`: bearer key every endpoint but /health, /metrics and
     /version asks for (None: none); `served_model_name`: the model id clients send and see
-    (None: the preset's name); `max_body_bytes`: larger request bodies get 413 (bytes)."""
+    (None: the preset's name); `max_body_bytes`: larger request bodies get 413 (bytes).
+    `preprocess`: the pre-processing stage text prompts of /v1/completions go through, "off"
+    | "global_lock" | "per_thread" (`labkit.serve.preprocess`); `rerank_k`: its candidates."""
 
     preset: str = "tiny"
     policy: str = "continuous"
@@ -72,12 +75,15 @@ class ServerConfig:
     api_key: str | None = None
     served_model_name: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    preprocess: str = "off"
+    rerank_k: int = 4
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"policy {self.policy!r} unknown; choose one of {', '.join(POLICIES)}")
         if self.cache is not None and self.cache not in CACHES:
             raise ValueError(f"cache {self.cache!r} unknown; choose None or one of {', '.join(CACHES)}")
+        StageConfig(self.preprocess, rerank_k=self.rerank_k)  # raises naming the choices
         if not (isinstance(self.port, int) and 0 <= self.port <= 65535):
             raise ValueError(f"port must be an integer in 0..65535 (0 = any free port), got {self.port!r}")
         if not (isinstance(self.threads, int) and self.threads >= 0):
@@ -153,7 +159,13 @@ def build(cfg: ServerConfig):
         from labkit.serve.cache import make_cache
 
         cache = make_cache(cfg.cache)
-    service = Service(engine, tok, cfg.served_model_name or cfg.preset, cache)
+    stage = None
+    if cfg.preprocess != "off":
+        from labkit.serve.preprocess import Stage
+
+        stage = Stage(model, tok, StageConfig(cfg.preprocess, rerank_k=cfg.rerank_k))
+        stage.run("warm up the stage")  # builds the document index now, not on the first request
+    service = Service(engine, tok, cfg.served_model_name or cfg.preset, cache, stage)
     service.api_key, service.max_body_bytes = cfg.api_key, cfg.max_body_bytes  # read by surface.install
     return service, create_app(service)
 
@@ -227,7 +239,8 @@ class ServerHandle:
             return e.code, e.read().decode()
 
     def metrics(self) -> dict[str, float]:
-        """GET /metrics parsed: {"labkit_running": 3.0, 'labkit_requests_total{status="completed"}': 12.0, ...}."""
+        """GET /metrics parsed into {sample: value}, e.g. {'vllm:num_requests_running{model_name="tiny"}': 3.0};
+        read one with `labkit.serve.metrics.sample(m, "vllm:num_requests_running")`."""
         status, text = self.get("/metrics")
         if status != 200:
             raise RuntimeError(f"GET /metrics answered {status}: {text[:200]}")
@@ -254,6 +267,17 @@ class ServerHandle:
         self.stop()
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM it when the process that started it dies (a notebook
+    kernel killed mid-cell must not leave a server behind). Linux only (prctl PR_SET_PDEATHSIG)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 def start_server(cfg: ServerConfig, timeout_s: float = 60.0) -> ServerHandle:
     """Start `python -m labkit.serve` with `cfg` in a child process; return once GET /health
     answers 200. Output goes to a log file (`handle.log()`); a failed start raises with it."""
@@ -263,7 +287,8 @@ def start_server(cfg: ServerConfig, timeout_s: float = 60.0) -> ServerHandle:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     with open(log_path, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "labkit.serve", *cfg.to_args(), "--port-file", str(port_file)],
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                preexec_fn=_die_with_parent if sys.platform == "linux" else None)
     deadline = time.monotonic() + timeout_s
     handle = None
     while time.monotonic() < deadline:

@@ -1,0 +1,249 @@
+"""Chapter 6's case study: the pre-processing stage, server spans, the stack sampler, the
+case's helpers, and the C21/C22 verdicts (both outcomes each)."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+
+import httpx
+import pytest
+import torch
+
+from labkit import ledger
+from labkit.ledger import case as verdicts
+from labkit.loadgen import case
+from labkit.loadgen.records import RequestRecord
+from labkit.serve import preprocess, spans, stacks
+from labkit.serve.server import ServerConfig
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from labkit.model import load_tiny
+    from labkit.tokenizer import load_tokenizer
+
+    return load_tiny(), load_tokenizer()
+
+
+# ------------------------------------------------------------------ the stage
+@pytest.mark.parametrize("bad", ["locked", "", "GLOBAL_LOCK"])
+def test_unknown_stage_implementation_names_the_choices(bad):
+    with pytest.raises(ValueError) as e:
+        preprocess.StageConfig(bad)
+    assert repr(bad) in str(e.value) and all(c in str(e.value) for c in preprocess.IMPLEMENTATIONS)
+    with pytest.raises(ValueError, match="global_lock"):
+        ServerConfig(preprocess=bad)
+
+
+def test_both_implementations_build_the_same_prompt(tiny):
+    model, tok = tiny
+    q = "Why does Macbeth fear Banquo?"
+    a, ia = preprocess.Stage(model, tok, preprocess.StageConfig("global_lock")).run(q)
+    b, ib = preprocess.Stage(model, tok, preprocess.StageConfig("per_thread")).run(q)
+    assert a == b and ia["passage"] == ib["passage"]
+    assert tok.decode(a).rstrip().endswith("QUESTION.\n" + q + "\n\nANSWER.")
+
+
+def test_reranker_prefers_the_passage_that_explains_the_question(tiny):
+    """A passage made of the question's own words must outscore an unrelated one."""
+    model, tok = tiny
+    r = preprocess.Reranker(model, 2, "per_thread")
+    q = tok.encode(" What says the ghost of Hamlet's father?")
+    related = (tok.encode("The ghost of Hamlet's father says: remember me. " * 4))[:32]
+    other = (tok.encode("Enter two clowns with spades and a basket of bread. " * 4))[:32]
+    s = r.scores([related, other], q)
+    assert s[0] > s[1]
+
+
+@pytest.mark.parametrize("impl,overlap", [("global_lock", False), ("per_thread", True)])
+def test_global_lock_serialises_and_per_thread_overlaps(tiny, impl, overlap):
+    """Two calls at once meet at a barrier inside the stage's work. Per thread both get there
+    together; under the global lock the second cannot enter until the first leaves, so the
+    first's wait times out. The outcome rests on the lock, not on the machine's speed (a slow
+    machine only makes the per-thread wait longer, and it may wait 60 s)."""
+    model, tok = tiny
+    st = preprocess.Stage(model, tok, preprocess.StageConfig(impl, rerank_k=2))
+    barrier = threading.Barrier(2, timeout=60 if overlap else 1)
+    met, work = [], st._work
+
+    def meet(query):
+        try:
+            barrier.wait()
+            met.append(True)
+        except threading.BrokenBarrierError:
+            met.append(False)
+        return work(query)
+
+    st._work = meet
+    ts = [threading.Thread(target=st.run, args=("Why does Macbeth fear Banquo?",)) for _ in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    assert met == [overlap, overlap]
+
+
+def test_bad_stage_sizes_are_refused():
+    with pytest.raises(ValueError, match="rerank_k"):
+        preprocess.StageConfig("per_thread", rerank_k=0)
+
+
+# ------------------------------------------------------------------ spans
+class _Handle:
+    t_submit, t_admit, t_first, t_last, t_done = 1.10, 1.30, 1.50, 1.90, 1.91
+
+
+def test_request_spans_add_up_to_the_server_total():
+    s = spans.request_spans(1.0, {"preprocess": 0.08}, _Handle(), 2.0)
+    assert s["queue"] == pytest.approx(0.2) and s["prefill"] == pytest.approx(0.2)
+    assert s["decode"] == pytest.approx(0.4) and s["post"] == pytest.approx(0.1)
+    assert s["server"] == pytest.approx(1.0)
+    assert sum(s[k] for k in spans.SPANS) == pytest.approx(s["server"], abs=1e-5)
+    cached = spans.request_spans(1.0, {"tokenize": 0.01}, None, 1.05)
+    assert cached["decode"] == 0 and cached["other"] == pytest.approx(0.04)
+
+
+@pytest.fixture(scope="module")
+def stage_server():
+    srv = case.serve("per_thread")
+    yield srv
+    srv.stop()
+
+
+def test_server_returns_spans_that_explain_the_clients_e2e(stage_server):
+    """Streaming and not: spans in the last JSON object (and the header), server total <= E2E."""
+    url = stage_server.url + "/v1/completions"
+    body = {"prompt": "Why is Othello jealous of Cassio?", "max_tokens": 4, "ignore_eos": True}
+    r = httpx.post(url, json=body, timeout=60)
+    got = r.json()["labkit_spans"]
+    assert json.loads(r.headers[spans.HEADER]) == got
+    assert got["preprocess"] > 0 and got["decode"] > 0 and got["tokenize"] == 0
+    assert sum(got[k] for k in spans.SPANS) == pytest.approx(got["server"], abs=1e-4)
+    plan = case.specs(6, None, 4)
+    run = case.measure(stage_server, plan, users=2)
+    ok = [x for x in run.result.measured if x.ok]
+    assert len(ok) == 6 and all(x.server_spans and 0 <= x.wire_s < x.e2e_s for x in ok)
+    assert case.span_agreement(ok)["server_share"] <= 1.0
+
+
+def test_stack_sampler_endpoint_refuses_bad_values(stage_server):
+    r = httpx.get(stage_server.url + "/debug/stacks", params={"seconds": 99})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "seconds"
+    r = httpx.get(stage_server.url + "/debug/stacks", params={"seconds": 0.2, "hz": 0})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "hz"
+
+
+def test_stack_sampler_sees_a_thread_waiting_at_a_lock():
+    lock, done = threading.Lock(), threading.Event()
+    lock.acquire()
+
+    def blocked():
+        with lock:  # the waiting line the sampler must report
+            done.set()
+
+    t = threading.Thread(target=blocked, name="waiter")
+    t.start()
+    try:
+        got = stacks.sample(0.2, 200)
+    finally:
+        lock.release()
+        t.join()
+    top = [x for x in got["top"] if "waiter" in x["threads"]]
+    assert top and "with lock:" in top[0]["frame"] and top[0]["samples"] >= 5
+    with pytest.raises(ValueError, match="seconds"):
+        stacks.sample(0)
+
+
+# ------------------------------------------------------------------ the case's helpers
+@pytest.mark.parametrize("bad", [1.0, 0.5, float("nan"), float("inf"), "3"])
+def test_bad_slo_names_the_value_and_what_is_allowed(bad):
+    with pytest.raises(ValueError) as e:
+        case.Scenario(slo_factor=bad)
+    assert repr(bad) in str(e.value) and "> 1" in str(e.value)
+
+
+def _rec(i: int, e2e: float, pre: float) -> RequestRecord:
+    sp = dict.fromkeys(spans.SPANS, 0.0)
+    sp.update(preprocess=pre, decode=e2e - pre - 0.01, server=e2e - 0.01)
+    return RequestRecord(i, 0.0, e2e_s=e2e, outcome="ok", server_spans=sp)
+
+
+def test_span_breakdown_separates_the_tail():
+    recs = [_rec(i, 0.2, 0.05) for i in range(19)] + [_rec(19, 2.0, 1.8)]
+    b = case.span_breakdown(recs)
+    assert b["tail"]["requests"] == 1 and b["tail"]["preprocess"] == pytest.approx(1.8)
+    assert b["all"]["wire"] == pytest.approx(0.01)
+    assert case.span_agreement(recs)["wire_s"] == pytest.approx(0.01)
+
+
+def test_lock_share_counts_only_the_stage_lock():
+    st = {"samples": 110, "idle": 10, "top": [
+        {"frame": "serve/preprocess.py:145 run: with self.lock:", "samples": 60},
+        {"frame": "model/transformer.py:10 forward: x = lock_free(x)", "samples": 40}]}
+    assert case.lock_share(st) == pytest.approx(0.6)
+    assert math.isnan(case.lock_share(None))
+
+
+def test_queue_bound_is_littles_law():
+    assert case.queue_bound(10.0, 1.0, 0.2) == 8
+    assert case.queue_bound(10.0, 0.1, 0.2) == 1
+    with pytest.raises(ValueError):
+        case.queue_bound(0.0, 1.0, 0.1)
+
+
+def test_queue_bound_includes_requests_in_preprocessing(stage_server):
+    """A server whose whole wait is bounded: a burst past max_queue gets 429s at once."""
+    with case.serve("global_lock", max_queue=2) as srv:
+        b = case.burst(srv, 12, case.Scenario(output_tokens=4))
+    assert b["rejected"] >= 1 and b["completed"] + b["rejected"] == b["sent"] == 12
+
+
+# ------------------------------------------------------------------ verdicts
+def _p22():
+    return verdicts.predict_c22(0.2, 10.0, 20.0, 0.6)
+
+
+def test_c22_holds_when_the_fix_removes_a_several_fold_tail():
+    v = verdicts.judge_c22(_p22(), 0.2, 1.5, 0.3, 0.6, 0.25, 0.6)
+    assert v.outcome == ledger.HOLDS and v.evidence["p99 unsafe / fixed"].value == pytest.approx(5.0)
+
+
+@pytest.mark.parametrize("unsafe,fixed", [(0.5, 0.3), (3.0, 0.9)])
+def test_c22_fails_when_the_tail_is_small_or_the_fix_misses_the_slo(unsafe, fixed):
+    v = verdicts.judge_c22(_p22(), 0.2, unsafe, fixed, 0.4, 0.3, 0.6)
+    assert v.outcome == ledger.FAILS
+
+
+def test_c22_is_inconclusive_without_completed_requests():
+    assert verdicts.judge_c22(_p22(), 0.2, math.nan, 0.3, 0.4, 0.3, 0.6).outcome == ledger.INCONCLUSIVE
+
+
+LADDER_MET = [{"cost": "configuration", "met": False}, {"cost": "code fix", "met": True}]
+TAIL = {"preprocess": 1.6, "queue": 0.01, "prefill": 0.05, "decode": 0.2, "post": 0.0, "other": 0.0, "wire": 0.01,
+        "e2e": 1.87}
+
+
+def test_c21_holds_when_every_step_points_at_the_stage():
+    v = verdicts.judge_c21(verdicts.predict_c21(0.6), TAIL, 0.4, 0.05, 0.6, LADDER_MET)
+    assert v.outcome == ledger.HOLDS, v.reason
+
+
+@pytest.mark.parametrize("change", [
+    {"cpu": 0.95},                                     # the machine was full: capacity, not a blocked stage
+    {"lock": 0.05},                                    # the profile does not show the wait
+    {"tail": dict(TAIL, preprocess=0.2, decode=1.6)},  # the spans blame decode
+    {"ladder": [{"cost": "code fix", "met": False}]},  # no rung met the SLO
+])
+def test_c21_fails_when_a_step_points_elsewhere(change):
+    v = verdicts.judge_c21(verdicts.predict_c21(0.6), change.get("tail", TAIL), change.get("cpu", 0.4), 0.05,
+                           change.get("lock", 0.6), change.get("ladder", LADDER_MET))
+    assert v.outcome == ledger.FAILS
+
+
+def test_c21_is_inconclusive_without_a_profile():
+    v = verdicts.judge_c21(verdicts.predict_c21(0.6), TAIL, 0.4, 0.05, math.nan, LADDER_MET)
+    assert v.outcome == ledger.INCONCLUSIVE
