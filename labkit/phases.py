@@ -1,4 +1,5 @@
-"""Chapter 1's measurements: prefill vs decode, the KV cache, and the verdicts on C1/C2.
+"""Chapter 1's measurements: prefill vs decode and the KV cache (the verdicts on C1/C2 are
+`labkit.ledger.ch1`'s).
 
 Everything here times a `labkit.model.Transformer` or compares those times with the
 analytic transformer roofline (`labkit.roofline.layer_costs`) and with ceilings
@@ -18,8 +19,6 @@ from labkit import device as _device
 from labkit import roofline
 from labkit.bench import Report, fingerprint, itemsize, last_level_cache_bytes, run_kernel
 from labkit.timing import percentile
-
-C2_RANGE = (10.0, 20.0)  # the article's pre+post share of end-to-end latency, %
 
 
 # ----------------------------------------------------------------------- ceilings
@@ -132,52 +131,6 @@ def cache_vs_nocache(model: Any, prompt_len: int, new_tokens: int, seed: int = 0
             lambda: generate(model, prompt, max_new_tokens=new_tokens, use_cache=use_cache), model.device)
     out["speedup"] = out["nocache_s"] / out["cache_s"]
     return out
-
-
-# ----------------------------------------------------------------------- verdicts
-def verdict_c1(prefill: list[dict], decode: list[dict], roof: roofline.Roofline,
-               dtype: str = "fp32") -> tuple[bool, str]:
-    """C1 from measurements: prefill above the ridge and fast per token; decode below it,
-    slow per token and reading memory at a large share of the measured bandwidth."""
-    ridge, p, d = roof.ridge(dtype), prefill[-1], min(decode, key=lambda r: (r["batch"], r["context"]))
-    per_token_gain = p["tokens_per_s"] / d["tokens_per_s"]
-    compute_share = p["flop_per_s"] / roof.peak(dtype)
-    checks = {
-        "prefill intensity above the ridge": p["intensity"] > ridge,
-        "decode intensity below the ridge": d["intensity"] < ridge,
-        "prefill processes tokens >= 5x faster than decode makes them": per_token_gain >= 5,
-        "decode reads >= 50% of the measured bandwidth": d["bandwidth_frac"] >= 0.5,
-    }
-    held = all(checks.values())
-    lines = [f"C1 {'HOLDS' if held else 'DOES NOT FULLY HOLD'} on this machine (ridge {ridge:.1f} FLOP/B):",
-             f"  prefill {p['prompt_len']} tokens: {p['intensity']:.0f} FLOP/B, {p['flop_per_s'] / 1e9:.0f} GFLOP/s "
-             f"= {100 * compute_share:.0f}% of the measured matmul peak, {p['tokens_per_s']:.0f} tokens/s",
-             f"  decode batch {d['batch']}, context {d['context']}: {d['intensity']:.2f} FLOP/B, "
-             f"{d['tokens_per_s']:.0f} tokens/s ({per_token_gain:.0f}x slower per token), "
-             f"{d['bytes_per_s'] / 1e9:.1f} GB/s = {100 * d['bandwidth_frac']:.0f}% of the measured bandwidth"]
-    lines += [f"  [{'x' if ok else ' '}] {name}" for name, ok in checks.items()]
-    if not checks["decode reads >= 50% of the measured bandwidth"]:
-        lines.append("  decode is slower than its bytes explain: per-step overhead (Python, op dispatch,"
-                     " small GEMMs) takes the time (chapter 3), or other work on this machine competed"
-                     " for it during the run (rerun on an idle machine to tell which)")
-    return held, "\n".join(lines)
-
-
-def verdict_c2(shares: dict[str, dict[str, float]], typical: str) -> tuple[bool, str]:
-    """C2: the pre+post share of the `typical` configuration vs the article's 10-20 %,
-    and how far the other configurations push it. `shares`: name -> breakdown()."""
-    lo, hi = C2_RANGE
-    pp = {name: s["pre"] + s["post"] for name, s in shares.items()}
-    t = pp[typical]
-    held = lo / 2 <= t <= hi * 1.5  # same order as the claim; report the exact figure
-    where = "inside" if lo <= t <= hi else ("below" if t < lo else "above")
-    lines = [f"C2 {'HOLDS' if held else 'DOES NOT HOLD'}: the typical path ({typical}) spends {t:.1f}% of "
-             f"its time outside the model, {where} the article's {lo:.0f}-{hi:.0f}%."]
-    lines += [f"  {name:<28} pre {shares[name]['pre']:5.1f}%  model {shares[name]['model']:5.1f}%  "
-              f"post {shares[name]['post']:5.1f}%  -> outside the model {v:5.1f}%" for name, v in pp.items()]
-    worst = max(pp, key=pp.get)
-    lines.append(f"  worst: {worst} at {pp[worst]:.0f}% - time the whole request path before tuning the model.")
-    return held, "\n".join(lines)
 
 
 # ----------------------------------------------------------------------- plots

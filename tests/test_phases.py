@@ -1,4 +1,5 @@
-"""Chapter 1's measurement helpers: analytic intensities, timing rows, verdicts."""
+"""Chapter 1's measurement helpers: analytic intensities and timing rows (the C1/C2 verdicts:
+tests/test_ledger_ch12.py)."""
 
 from __future__ import annotations
 
@@ -34,18 +35,3 @@ def test_timing_rows(model):
     assert dec[1]["bytes_per_step"] > dec[0]["bytes_per_step"]
     kv = phases.cache_vs_nocache(model, 8, 6)
     assert kv["cache_s"] > 0 and kv["speedup"] == pytest.approx(kv["nocache_s"] / kv["cache_s"])
-
-
-def test_verdicts():
-    prefill = [{"prompt_len": 256, "intensity": 60.0, "flop_per_s": 150e9, "tokens_per_s": 5000.0}]
-    decode = [{"batch": 1, "context": 64, "intensity": 0.5, "tokens_per_s": 50.0, "bytes_per_s": 15e9,
-               "bandwidth_frac": 0.75}]
-    held, text = phases.verdict_c1(prefill, decode, ROOF)
-    assert held and "HOLDS" in text
-    held, text = phases.verdict_c1(prefill, [dict(decode[0], bandwidth_frac=0.2)], ROOF)
-    assert not held and "overhead" in text
-    shares = {"typical": {"pre": 5.0, "model": 85.0, "post": 10.0},
-              "heavy": {"pre": 60.0, "model": 38.0, "post": 2.0}}
-    held, text = phases.verdict_c2(shares, "typical")
-    assert held and "15.0%" in text and "worst: heavy" in text
-    assert not phases.verdict_c2({"t": {"pre": 0.5, "model": 99.0, "post": 0.5}}, "t")[0]

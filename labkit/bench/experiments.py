@@ -1,4 +1,5 @@
-"""The chapter-2 experiments: thread scaling (C3) and utilisation under load (C5)."""
+"""The chapter-2 experiments: thread scaling (C3), a kernel of tunable intensity (C4) and
+utilisation under load (C5)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 import torch
 
 from labkit import device as _device
+from labkit import timing
 from labkit.bench import zoo
 from labkit.bench.core import Result, run_kernel
 from labkit.device import Telemetry, TelemetryTrace
@@ -69,3 +71,35 @@ def under_telemetry(name: str, seconds: float, *, dtype: str = "fp32", device: t
     flops, nbytes = kernel.flops(**shape), kernel.bytes(zoo.itemsize(dtype), **shape)
     return LoadRun(name, dict(shape), calls, elapsed, calls * flops / elapsed, calls * nbytes / elapsed,
                    tel.trace)
+
+
+def streamed_gemm_flops_bytes(n: int, width: int, itemsize: int) -> tuple[float, float]:
+    """FLOPs and minimal bytes of `intensity_sweep`'s kernel: x[n/width, width] @ M[width,
+    width] -> y, x and y streamed once (2 n elements), M read once (width^2 elements)."""
+    return 2.0 * n * width, float((2 * n + width * width) * itemsize)
+
+
+def intensity_sweep(device: torch.device | str, widths: list[int], *, nbytes: int, dtype: str = "fp32",
+                    repeat: int = 3, max_call_s: float = 0.5) -> list[Result]:
+    """C4's kernel of tunable intensity: an array of `nbytes` (in + out, sized past the
+    last-level cache) streamed once through a matmul with a small width x width matrix.
+    Every element loaded meets `width` multiply-adds while it sits in registers or cache,
+    so intensity ~ width / itemsize FLOP/B. One `Result` per width (ascending), stopping
+    before a call is predicted to take more than `max_call_s` s (FLOPs grow with width)."""
+    dev = _device.pick(device)
+    size = zoo.itemsize(dtype)
+    rows: list[Result] = []
+    for w in sorted(widths):
+        n = max(w, nbytes // (2 * size) // w * w)  # a whole number of rows
+        flops, nb = streamed_gemm_flops_bytes(n, w, size)
+        if rows and rows[-1].stats["min"] * flops / rows[-1].flops > max_call_s:
+            break
+        with torch.inference_mode():
+            x = zoo._rand((n // w, w), dtype, dev)
+            m = zoo._rand((w, w), dtype, dev) / w  # keeps values bounded (no inf/denormal slow paths)
+            y = torch.empty_like(x)
+            stats = timing.measure(lambda: torch.matmul(x, m, out=y), warmup=1, repeat=repeat, device=dev)
+            del x, y
+        rows.append(Result("streamed_gemm", "c4", {"n": n, "width": w}, dtype, str(dev), torch.get_num_threads(),
+                           flops, nb, stats.summary()))
+    return rows

@@ -28,8 +28,9 @@ def _c(id: str, chapter: int, words: str, notebooks: str, test_here: str, module
 CLAIMS: dict[str, Claim] = {c.id: c for c in [
     _c("C1", 1, "Prefill handles the prompt in parallel and is compute-heavy; decode emits one token per step "
        "and is memory-bound.", "01_prefill_vs_decode",
-       "prefill and decode of the tiny decoder timed; intensities against the measured ridge; decode's read "
-       "bandwidth against the measured ceiling", "ch1"),
+       "prefill and decode of a decoder with weights past the cache timed against measured ceilings: prefill "
+       "vs decode tokens/s, prefill's share of the GEMM peak, decode's share of the bandwidth, a batch's cost",
+       "ch1"),
     _c("C2", 1, "Pre/post-processing can take 10-20 % of end-to-end latency, more with heavy retrieval.",
        "01_prefill_vs_decode", "the request path's spans timed; the typical path's share outside the model "
        "against 10-20 %", "ch1"),
