@@ -185,16 +185,3 @@ def test_crossing_interpolates_the_break_even():
     assert crossing([0.5, 0.6], [2.0, 0.5]) == pytest.approx(0.55)
     assert crossing([0.5, 0.6], [0.9, 0.5]) == 0.5
     assert crossing([0.5, 0.6], [3.0, 2.0]) is None
-
-
-def test_c12_verdict_reads_the_decode_rows():
-    from labkit.prune.experiments import c12_sentence, c12_verdict
-
-    def rows(kept, csr, struct):
-        return [{"variant": "unstructured, kept dense", "sparsity": 0.5, "speedup_vs_dense": kept},
-                {"variant": "unstructured, CSR", "sparsity": 0.5, "speedup_vs_dense": csr},
-                {"variant": "structured", "sparsity": 0.5, "speedup_vs_dense": struct, "predicted_from_bytes": 1.6}]
-    assert c12_verdict(rows(1.0, 0.4, 1.5))["holds"]
-    v = c12_verdict(rows(1.0, 1.3, 1.5))
-    assert not v["holds"] and v["structured_wins"] and "CSR did speed up" in c12_sentence(v)
-    assert not c12_verdict(rows(1.0, 0.4, 1.1))["structured_wins"]

@@ -154,3 +154,13 @@ def test_calibration_methods_and_w8a8():
     assert "W8A8" in q.output.kernel_path
     with pytest.raises(ValueError, match="act_scales"):
         quantize_model(model, "int8", act_mode="tensor")
+
+
+def test_c10_models_start_from_fp32():
+    from labkit.quant.experiments import c10_bytes, c10_models
+
+    models = c10_models("tiny", {"n_layers": 1}, names=("fp32", "int8 (int8pack_mm)"))
+    b = c10_bytes(models)
+    assert b["int8 (int8pack_mm)"] / b["fp32"] == pytest.approx(0.25, abs=0.02)
+    with pytest.raises(ValueError, match="fp32"):
+        c10_models("tiny", names=("int8 (int8pack_mm)",))

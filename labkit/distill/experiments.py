@@ -130,39 +130,11 @@ def pareto_variants(teacher: Transformer, pruned_rows: list[dict], students: dic
     return out
 
 
-def c14_verdict(cost: list[dict], comparison: list[dict], speed: list[dict]) -> dict:
-    """C14's numbers: distillation's cost vs from scratch (FLOPs and seconds), whether the
-    distilled student beat the from-scratch one, and the best decode speed-up over the fp32
-    teacher that quantization gave vs that a smaller model (pruned or distilled) gave."""
-    ppl = {r["run"]: r["ppl"] for r in comparison}
-    base = next(r for r in speed if r["family"] == "baseline")["tok_s"]
-    best = lambda fams: max((r for r in speed if r["family"] in fams), key=lambda r: r["tok_s"])
-    q, s = best({"quantization"}), best({"distillation", "pruning"})
-    combined = [r for r in speed if r["family"] == "distill+prune+quantize"]
-    out = {"flops_ratio": cost[1]["flops_vs_scratch"], "seconds_ratio": cost[1]["seconds_vs_scratch"],
-           "distilled_ppl": ppl["distilled"], "scratch_ppl": ppl["from scratch"],
-           "quant_best": q["label"], "quant_speedup": q["tok_s"] / base,
-           "smaller_best": s["label"], "smaller_speedup": s["tok_s"] / base,
-           "combined_speedup": max((r["tok_s"] for r in combined), default=float("nan")) / base}
-    # Distillation adds one teacher forward (F_t) to 3 student forwards (3 F_s) per token:
-    # it "doubles" the cost only when the teacher is ~3x the student's FLOPs.
-    out["teacher_over_student_flops"] = 3 * (out["flops_ratio"] - 1)
-    out["cost_roughly_doubles"] = 1.7 <= out["flops_ratio"] <= 2.3
-    out["distilled_better"] = out["distilled_ppl"] < out["scratch_ppl"]
-    return out
-
-
-def c13_verdict(summary_rows: list[dict], step_rows: list[dict], claimed: str = "D→P→Q",
-                tolerance: float = 0.02) -> dict:
-    """Which order ended with the lowest perplexity, whether the claimed order is it (or within
-    `tolerance`, relative, of it: closer than that is a tie at these budgets), and how much the
-    prune step raised perplexity in each order (`prune_jump`: ppl after / before)."""
-    best = summary_rows[0]
-    mine = next(r for r in summary_rows if r["order"] == claimed)
+def prune_jumps(step_rows: list[dict]) -> dict[str, float]:
+    """Per order (label), how much its prune step multiplied perplexity (after / before), from
+    `labkit.distill.order.run_order` rows."""
     jumps = {}
     for before, after in zip(step_rows, step_rows[1:]):
         if after["order"] == before["order"] and after["op"].startswith("prune"):
             jumps[after["order"]] = after["ppl"] / before["ppl"]
-    return {"winner": best["order"], "winner_ppl": best["final_ppl"], "claimed": claimed,
-            "claimed_ppl": mine["final_ppl"], "gap_pct": 100 * (mine["final_ppl"] / best["final_ppl"] - 1),
-            "holds": mine["final_ppl"] <= best["final_ppl"] * (1 + tolerance), "prune_jump": jumps}
+    return jumps

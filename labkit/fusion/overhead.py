@@ -38,7 +38,8 @@ def per_op_cost_s(device: torch.device | str = "cpu", width: int = 16, ops: int 
 
     A burst of `ops` calls of each kind (mul by a tensor, add a Python scalar, sin) on a
     `width`-element tensor, fresh outputs as in the model, under inference_mode; the mean
-    over the kinds. Unlike `per_op_overhead_s` (a one-element add into a preallocated
+    over the kinds, each the fastest of 5 bursts (on a shared machine the least disturbed one;
+    time the model the same way). Unlike `per_op_overhead_s` (a one-element add into a preallocated
     output, the dispatcher's floor) this includes the allocation and scalar wrapping the
     model's ops pay, so it is the cost C6's prediction multiplies by the op count.
     """
@@ -55,7 +56,7 @@ def per_op_cost_s(device: torch.device | str = "cpu", width: int = 16, ops: int 
             def burst(op=op) -> None:
                 for _ in range(ops):
                     op()
-            per_kind.append(measure(burst, warmup=1, repeat=5, device=dev).median / ops)
+            per_kind.append(measure(burst, warmup=1, repeat=5, device=dev).min / ops)
     return sum(per_kind) / len(per_kind)
 
 

@@ -5,23 +5,25 @@ from __future__ import annotations
 from typing import Any
 
 
-def chain_bandwidth(chains: dict[str, Any], ax=None):
-    """Bars: modelled GB/s of every version of every chain, with the measured read bandwidth."""
+def chain_bandwidth(chains: dict[str, dict[str, float]], numel: int, read_bw: float, ax=None):
+    """Bars: modelled GB/s (traffic model bytes / measured time) of each chain eager and fused,
+    from `labkit.ledger.ch3.measure_c7` (`chains`) at `numel` fp32 elements, with the measured
+    read bandwidth `read_bw` (B/s) as a line."""
     import matplotlib.pyplot as plt
 
-    from labkit.fusion.elementwise import CHAINS
+    from labkit.fusion.elementwise import traffic_bytes
 
     ax = ax or plt.subplots(figsize=(7, 3.5))[1]
     labels, values = [], []
-    for chain in CHAINS:
-        for r in chains[chain]["rows"]:
-            labels.append(f"{chain}\n{r.version}")
-            values.append(r.bytes_per_s / 1e9)
+    for chain, m in chains.items():
+        for version in ("eager", "fused"):
+            labels.append(f"{chain}\n{version}")
+            values.append(traffic_bytes(chain, version, numel) / m[f"{version}_s"] / 1e9)
     ax.bar(range(len(values)), values, color="tab:blue")
-    ax.axhline(chains["bandwidth"]["read"] / 1e9, color="tab:red", ls="--", label="measured read bandwidth")
+    ax.axhline(read_bw / 1e9, color="tab:red", ls="--", label="measured read bandwidth")
     ax.set_xticks(range(len(values)), labels, fontsize=8)
     ax.set_ylabel("modelled traffic / time (GB/s)")
-    ax.set_title(f"Elementwise chains, {chains['numel'] / 2**20:.0f} M fp32 elements")
+    ax.set_title(f"Elementwise chains, {numel / 2**20:.0f} M fp32 elements")
     ax.legend()
     return ax
 

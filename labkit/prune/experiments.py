@@ -190,36 +190,3 @@ def csr_matches_dense(model: Transformer, sparsity: float, tokens: torch.Tensor)
     kept, _ = prune_unstructured(model, sparsity)
     with torch.inference_mode():
         return (kept(tokens) - to_sparse_model(kept, "csr")(tokens)).abs().max().item()
-
-
-def c12_verdict(decode: list[dict], sparsity: float = 0.5, fmt: str = "CSR") -> dict:
-    """Numbers for C12 at `sparsity` from `decode_rows`: decode speed-ups vs dense of the
-    unstructured model kept dense, in `fmt`, and of the structured one. `no_gain_kept`: zeros
-    kept dense gave no speed-up (< 1.1x); `no_gain_sparse`: neither did the sparse format;
-    `structured_wins`: structured gave >= 1.2x and beat both unstructured forms. C12 `holds`
-    when all three are true."""
-    by = {(r["variant"], r["sparsity"]): r for r in decode}
-    kept = by[("unstructured, kept dense", sparsity)]["speedup_vs_dense"]
-    sparse = by[(f"unstructured, {fmt}", sparsity)]["speedup_vs_dense"]
-    struct = by[("structured", sparsity)]
-    out = {"sparsity": sparsity, "kept_dense": kept, "sparse_format": sparse,
-           "structured": struct["speedup_vs_dense"], "structured_predicted": struct["predicted_from_bytes"],
-           "no_gain_kept": kept < 1.1, "no_gain_sparse": sparse < 1.1}
-    out["structured_wins"] = out["structured"] >= 1.2 and out["structured"] > max(kept, sparse)
-    out["holds"] = out["no_gain_kept"] and out["no_gain_sparse"] and out["structured_wins"]
-    return out
-
-
-def c12_sentence(v: dict) -> str:
-    """One line stating a `c12_verdict` in words, with its numbers."""
-    nums = (f"{v['sparsity']:.0%}: kept dense {v['kept_dense']:.2f}x, CSR {v['sparse_format']:.2f}x, structured "
-            f"{v['structured']:.2f}x (bytes predict {v['structured_predicted']:.2f}x) vs dense decode -> ")
-    if v["holds"]:
-        return nums + "C12 holds: no gain from unstructured zeros, a real one from structured pruning"
-    parts = []
-    if not v["no_gain_kept"]:
-        parts.append("zeros kept dense ran faster (noise? they move the same bytes)")
-    if not v["no_gain_sparse"]:
-        parts.append("CSR did speed up (at this sparsity its bytes fell below dense)")
-    parts.append("structured was faster than both" if v["structured_wins"] else "structured did NOT win")
-    return nums + "C12 holds in part: " + "; ".join(parts)

@@ -82,18 +82,36 @@ def weight_table(model: Transformer, valid: torch.Tensor, names: Iterable[str], 
     return rows
 
 
-def c10_decode(preset: str = "small", overrides: dict | None = None, names: Iterable[str] = (
-        "fp32", "fp16", "int8 (int8pack_mm)", "int8 (ao dynamic)", "int4-g128 (int4pack_mm)"), batches: Iterable[int] = (1,),
-        repeat: int = 5, rounds: int = 3) -> list[dict]:
+C10_NAMES = ("fp32", "fp16", "int8 (int8pack_mm)", "int8 (ao dynamic)", "int4-g128 (int4pack_mm)")
+
+
+def c10_models(preset: str = "small", overrides: dict | None = None,
+               names: Iterable[str] = C10_NAMES) -> dict[str, Transformer]:
+    """The C10 variants (`WEIGHT_SCHEMES` names, fp32 first) of one random-init `preset`."""
+    names = list(names)
+    if not names or names[0] != "fp32":
+        raise ValueError(f"names={names!r} must start with 'fp32' (the reference of every ratio)")
+    base = Transformer.from_preset(preset, **(overrides or {}))
+    return {name: build(base, name) for name in names}
+
+
+def c10_bytes(models: dict[str, Transformer]) -> dict[str, int]:
+    """Weight bytes each variant reads per decode step, from its tensors (before any timing)."""
+    return {name: weight_bytes_per_step(m) for name, m in models.items()}
+
+
+def c10_decode(preset: str = "small", overrides: dict | None = None, names: Iterable[str] = C10_NAMES,
+               batches: Iterable[int] = (1,), repeat: int = 5, rounds: int = 3,
+               models: dict[str, Transformer] | None = None) -> list[dict]:
     """C10 on a memory-bound (random-init) preset: bytes read per decode step and decode
     tokens/s of each variant, plus the speed-up predicted from bytes alone vs fp32.
+    `models` (from `c10_models`, fp32 first) skips building them again.
 
     The variants are timed in `rounds` interleaved rounds and each keeps its best round
     (like STREAM's best-of): on a shared machine a neighbour's load hits one round, not
     one variant, so the comparison stays fair.
     """
-    base = Transformer.from_preset(preset, **(overrides or {}))
-    models = {name: build(base, name) for name in names}
+    models = models or c10_models(preset, overrides, names)
     rows = [{"scheme": n, "model_MB": model_bytes(m) / 1e6, "read_MB_per_step": weight_bytes_per_step(m) / 1e6}
             for n, m in models.items()]
     for _ in range(rounds):
@@ -154,23 +172,6 @@ def format_rows(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def c10_verdict(rows: list[dict], batch: int = 1) -> dict:
-    """C10 prediction vs measurement from `c10_decode` rows: the bytes ratios (int8 is a
-    quarter of fp32, half of fp16) and the best int8 decode speed-up vs the byte ratio."""
-    by = {r["scheme"]: r for r in rows}
-    int8 = [r for r in rows if r["scheme"].startswith("int8")]
-    best = max(int8, key=lambda r: r[f"speedup_b{batch}"])
-    out = {"int8_over_fp32_bytes": by[int8[0]["scheme"]]["read_MB_per_step"] / by["fp32"]["read_MB_per_step"],
-           "best_int8": best["scheme"], "predicted_speedup": best["predicted_speedup"],
-           "measured_speedup": best[f"speedup_b{batch}"]}
-    if "fp16" in by:
-        out["int8_over_fp16_bytes"] = int8[0]["read_MB_per_step"] / by["fp16"]["read_MB_per_step"]
-    out["share_of_prediction"] = out["measured_speedup"] / out["predicted_speedup"]
-    out["bytes_claim_holds"] = abs(out["int8_over_fp32_bytes"] - 0.25) < 0.02 and (
-        "int8_over_fp16_bytes" not in out or abs(out["int8_over_fp16_bytes"] - 0.5) < 0.04)
-    return out
-
-
 def plot_bytes_vs_ppl(rows: list[dict], ax=None):
     """Scatter of model bytes (MB, log) vs validation perplexity for `weight_table` rows,
     with the Pareto front (no other scheme both smaller and better) joined by a line."""
@@ -223,27 +224,76 @@ def kv_table(model: Transformer, valid: torch.Tensor, windows: int, memory_gb: f
     return rows
 
 
-def sensitivity_scan(model: Transformer, valid: torch.Tensor, scheme: str, windows: int) -> list[dict]:
-    """Quantize one linear at a time with `scheme`; rows of (layer, Δ perplexity %), most
-    sensitive first."""
+def sensitivity_scan(model: Transformer, valid: torch.Tensor, scheme: str, windows: int,
+                     **quant_kwargs) -> list[dict]:
+    """Quantize one linear at a time with `scheme` (and `quant_kwargs` of `quantize_model`,
+    e.g. W8A8's act_mode and act_scales); rows of (layer, Δ perplexity %), most sensitive first."""
     base = perplexity(model, valid, max_windows=windows)
     names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
     rows = []
     for name in names:
-        q = quantize_model(model, scheme, keep={n: None for n in names if n != name})
+        q = quantize_model(model, scheme, keep={n: None for n in names if n != name}, **quant_kwargs)
         rows.append({"layer": name, "dppl_pct": 100 * (perplexity(q, valid, max_windows=windows) / base - 1)})
     return sorted(rows, key=lambda r: -r["dppl_pct"])
 
 
 def mixed_precision(model: Transformer, valid: torch.Tensor, scan: list[dict], scheme: str, windows: int,
-                    ks: Iterable[int] = (0, 1, 2, 4)) -> list[dict]:
-    """Keep the k most sensitive layers of `scan` in fp32, quantize the rest with `scheme`:
-    bytes read per step and perplexity change for each k."""
+                    ks: Iterable[int] = (0, 1, 2, 4), **quant_kwargs) -> list[dict]:
+    """Keep the k most sensitive layers of `scan` in fp32, quantize the rest with `scheme`
+    (and `quant_kwargs`): bytes read per step and perplexity change for each k."""
     base = perplexity(model, valid, max_windows=windows)
     rows = []
     for k in ks:
-        q = quantize_model(model, scheme, keep=[r["layer"] for r in scan[:k]])
+        q = quantize_model(model, scheme, keep=[r["layer"] for r in scan[:k]], **quant_kwargs)
         ppl = perplexity(q, valid, max_windows=windows)
         rows.append({"scheme": f"{scheme}, {k} most sensitive kept fp32", "kept": k, "ppl": ppl,
                      "dppl_pct": 100 * (ppl / base - 1), "read_MB_per_step": weight_bytes_per_step(q) / 1e6})
     return rows
+
+
+def sensitive_layers(scan: list[dict], threshold_pct: float = 1.0) -> list[str]:
+    """The layers of a `sensitivity_scan` whose quantization alone raised perplexity by at
+    least `threshold_pct` % (measured, most sensitive first)."""
+    if threshold_pct <= 0:
+        raise ValueError(f"threshold_pct={threshold_pct} must be > 0 (%)")
+    return [r["layer"] for r in scan if r["dppl_pct"] >= threshold_pct]
+
+
+def c11_perplexities(model: Transformer, train: torch.Tensor, valid: torch.Tensor, windows: int,
+                     calib_windows: int = 4, outlier_factor: float = 100.0, n_outliers: int = 4,
+                     alphas: Iterable[float] = (0.5,), sensitive_pct: float = 1.0) -> dict:
+    """Validation perplexity (`windows` x 256 tokens) of everything C11 judges:
+
+    * weight-only: fp32, int8, int4-g128, int4-g32 of `model`;
+    * activations: `model` with planted outlier channels (function unchanged) in fp32, with
+      int8 weights only, and in W8A8 per-tensor with each calibration method; the clean model
+      in W8A8 min-max;
+    * repairs: SmoothQuant at each alpha (scales from the calibration statistics), and mixed
+      precision keeping in fp32 the layers a W8A8 sensitivity scan, measured on `train`
+      windows (not on the validation text), finds at least `sensitive_pct` % sensitive.
+
+    Returns {"ppl": {label: perplexity}, "kept": [layer names kept fp32], "scan": scan rows}.
+    """
+    ppl = lambda m: perplexity(m, valid, max_windows=windows)  # noqa: E731
+    out: dict[str, float] = {"fp32": ppl(model)}
+    for name in ("int8 (int8pack_mm)", "int4-g128 (int4pack_mm)", "int4-g32 (int4pack_mm)"):
+        out[name] = ppl(build(model, name))
+    clean = calibrate(collect_act_stats(model, train, n_windows=calib_windows), "minmax")
+    out["clean W8A8 minmax"] = ppl(quantize_model(model, "int8", act_mode="tensor", act_scales=clean))
+    planted = plant_outliers(model, n_channels=n_outliers, factor=outlier_factor)
+    out["outliers fp32"] = ppl(planted)
+    out["outliers int8 weight-only"] = ppl(quantize_model(planted, "int8"))
+    stats = collect_act_stats(planted, train, n_windows=calib_windows)
+    for method in CALIB_METHODS:
+        out[f"outliers W8A8 {method}"] = ppl(quantize_model(planted, "int8", act_mode="tensor",
+                                                            act_scales=calibrate(stats, method)))
+    for alpha in alphas:
+        sm = smooth(planted, stats, alpha)
+        scales = calibrate(collect_act_stats(sm, train, n_windows=calib_windows), "minmax")
+        out[f"outliers SmoothQuant a={alpha:g}"] = ppl(quantize_model(sm, "int8", act_mode="tensor", act_scales=scales))
+    minmax = calibrate(stats, "minmax")
+    scan = sensitivity_scan(planted, train, "int8", min(windows, calib_windows), act_mode="tensor", act_scales=minmax)
+    kept = sensitive_layers(scan, sensitive_pct)
+    out["outliers W8A8 mixed (measured)"] = ppl(quantize_model(planted, "int8", act_mode="tensor", act_scales=minmax,
+                                                              keep=kept))
+    return {"ppl": out, "kept": kept, "scan": scan}
