@@ -16,6 +16,7 @@ context). Executed headless, `answer = None` prints the question and is not an e
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Callable, Mapping
 
@@ -32,6 +33,7 @@ class Exercise:
     judge: Callable[[Any, Any, Ctx], bool]   # (answer, reference, ctx) -> right?
     hint: str
     why: str
+    detail: Callable[[Any, Ctx], str] | None = None   # (answer, ctx) -> what this answer gives here
 
 
 # ------------------------------------------------------------------ tolerance kinds
@@ -47,18 +49,83 @@ def same_choice(answer: Any, ref: Any, ctx: Ctx) -> bool:
     return str(answer).strip().lower() == str(ref).strip().lower()
 
 
-def meets_limit_and_not_timid(answer: Any, ref: Any, ctx: Ctx) -> bool:
-    """A setting search: the answer must meet the limit and give at least half the best
-    setting's value (so "1" is not a right answer to "find the largest batch")."""
+def meets_limit_and_not_wasteful(answer: Any, ref: Any, ctx: Ctx) -> bool:
+    """A setting search for the smallest setting that meets a limit: the answer must meet the
+    limit and be at most twice the smallest candidate that does (so the largest setting on offer
+    is not a right answer to "find the smallest batch")."""
     a = int(answer)
-    return a in ctx["candidates"] and ctx["evaluate"](a) <= ctx["limit"] and a >= ref / 2
+    lo, hi = min(ctx["candidates"]), max(ctx["candidates"])
+    if not lo <= a <= hi:
+        raise ValueError(f"pick a value from {lo} to {hi}")
+    return ctx["evaluate"](a) <= ctx["limit"] and a <= 2 * ref
 
 
-def _largest_meeting(ctx: Ctx) -> int:
-    ok = [c for c in ctx["candidates"] if ctx["evaluate"](c) <= ctx["limit"]]
+def _smallest_meeting(ctx: Ctx) -> int:
+    ok = [c for c in sorted(ctx["candidates"]) if ctx["evaluate"](c) <= ctx["limit"]]
     if not ok:
         raise ValueError(f"no candidate in {list(ctx['candidates'])} meets the limit {ctx['limit']}")
-    return max(ok)
+    return ok[0]
+
+
+def _evaluated(answer: Any, ctx: Ctx) -> str:
+    a = int(answer)
+    return f"max_batch {a}: p99 TTFT {ctx['evaluate'](a):.3g} s (limit {ctx['limit']:.3g} s)"
+
+
+def _safe_threshold(ctx: Ctx) -> float:
+    """Lowest threshold from which every higher threshold that still hits keeps precision >= target."""
+    best = None
+    for row in sorted(ctx["rows"], key=lambda r: -r["threshold"]):
+        if row["hits"] and row["precision"] < ctx["target"]:
+            break
+        if row["true_hits"]:
+            best = row["threshold"]
+    if best is None:
+        raise ValueError(f"no threshold keeps hit precision >= {ctx['target']:.0%}")
+    return best
+
+
+def _row_at(ctx: Ctx, t: float) -> dict:
+    return min(ctx["rows"], key=lambda r: abs(r["threshold"] - t))
+
+
+def _safe_and_useful(answer: Any, ref: Any, ctx: Ctx) -> bool:
+    """Every threshold from the answer up keeps the precision target, and the answer keeps at
+    least 3/4 of the reference threshold's hit rate (1.0, "identical prompts only", is safe but
+    useless)."""
+    t = float(answer)
+    if not 0 <= t <= 1:
+        raise ValueError("a cosine threshold lies between 0 and 1")
+    safe = all(r["precision"] >= ctx["target"] for r in ctx["rows"] if r["threshold"] >= t - 1e-9 and r["hits"])
+    return safe and _row_at(ctx, t)["hit_rate"] >= 0.75 * _row_at(ctx, ref)["hit_rate"]
+
+
+def _threshold_detail(answer: Any, ctx: Ctx) -> str:
+    r = _row_at(ctx, float(answer))
+    return f"at {r['threshold']:.3f}: hit rate {r['hit_rate']:.1%}, precision {r['precision']:.1%}"
+
+
+def _knee_level(ctx: Ctx) -> float:
+    """The ledger's knee: the first level whose p99 E2E exceeds `factor` x the lightest's."""
+    p99 = dict(sorted(ctx["p99_by_level"].items()))
+    base = next(iter(p99.values()))
+    past = [lvl for lvl, p in list(p99.items())[1:] if p > ctx["factor"] * base]
+    if not past:
+        raise ValueError("no level passed the bound: the sweep has no knee")
+    return past[0]
+
+
+def _same_level(answer: Any, ref: Any, ctx: Ctx) -> bool:
+    a = float(answer)
+    if a not in ctx["p99_by_level"]:
+        raise ValueError(f"pick one of the levels {sorted(ctx['p99_by_level'])}")
+    return a == ref
+
+
+def _level_detail(answer: Any, ctx: Ctx) -> str:
+    p99 = dict(sorted(ctx["p99_by_level"].items()))
+    base = next(iter(p99.values()))
+    return f"at {float(answer):g} p99 E2E is {p99[float(answer)] / base:.2f}x the lightest level's"
 
 
 def _bound(ctx: Ctx) -> str:
@@ -123,11 +190,29 @@ EXERCISES: dict[str, Exercise] = {e.name: e for e in [
              ("sparsity", "dense_s", "csr_s"), lambda c: "dense" if c["dense_s"] <= c["csr_s"] else "csr",
              same_choice, "Dense hardware streams dense weights well; sparse formats add index reads.",
              "unstructured zeros do not shrink dense work; sparse formats win only at very high sparsity"),
+    Exercise("md1_wait", "06_batching",
+             "No batching, Poisson arrivals, a fixed {service_s:g} s service time, load rho = {rho:g}. Predict the "
+             "mean wait in the queue, in seconds.", ("rho", "service_s", "simulated_wq_s"),
+             lambda c: c["simulated_wq_s"], within_factor(1.25),
+             "M/D/1: Wq = rho x service / (2 (1 - rho)). The M/M/1 formula (no 2) is for random service times.",
+             "a fixed service time halves M/M/1's wait; near rho = 1 the 1 / (1 - rho) term explodes"),
+    Exercise("short_wait_scheduler", "06_batching",
+             "Of the batching schedulers {schedulers}, which makes the shortest quarter of outputs wait longest "
+             "(mean E2E)?", ("schedulers", "short_e2e_s"),
+             lambda c: max(c["schedulers"], key=lambda k: c["short_e2e_s"][k]), same_choice,
+             "Who leaves a batch when the longest member is done, and who lets nobody join until it drains?",
+             "static batching pads and holds everyone until the longest output is done, so short answers wait "
+             "for long ones"),
     Exercise("max_batch_for_slo", "06_batching",
-             "Find the largest max_batch (from {candidates}) that keeps p99 TTFT under {limit:.3g} s in this "
-             "simulator.", ("candidates", "evaluate", "limit"), _largest_meeting, meets_limit_and_not_timid,
-             "Try a value: `exercise.check('max_batch_for_slo', 8)` runs the simulator with it.",
-             "bigger batches raise throughput until waiting for the batch eats the TTFT budget"),
+             "Continuous batching at {rate:.3g} req/s: find the smallest max_batch (between {lo} and {hi}) that keeps "
+             "p99 TTFT under {limit:.3g} s in this simulator.", ("candidates", "evaluate", "limit", "rate", "lo", "hi"),
+             _smallest_meeting, meets_limit_and_not_wasteful,
+             "Try values: each `exercise.check('max_batch_for_slo', b)` runs the simulator with max_batch b and "
+             "prints its p99 TTFT. Too small a batch cannot keep up and the queue grows; a lot more than needed "
+             "only costs memory.",
+             "below that batch the server's throughput is under the offered rate, so the queue (and TTFT) grows "
+             "without bound; above it new requests start at the next step",
+             _evaluated),
     Exercise("kv_bytes_per_token", "07_kv_and_result_cache",
              "The model has {layers} layers, {kv_heads} KV heads of size {head_dim}, {dtype_bytes} bytes per "
              "value. Predict KV-cache bytes per token.", ("layers", "kv_heads", "head_dim", "dtype_bytes",
@@ -135,6 +220,27 @@ EXERCISES: dict[str, Exercise] = {e.name: e for e in [
              lambda c: c["measured_bytes_per_token"], within_factor(1.05),
              "keys and values: 2 x layers x kv_heads x head_dim x bytes.",
              "every token keeps a key and a value per layer and KV head"),
+    Exercise("int8_concurrency", "07_kv_and_result_cache",
+             "In one KV budget, {base_seqs} sequences ran at once at {base_bytes_per_token} B/token. int8 KV takes "
+             "{int8_bytes_per_token} B/token. Predict how many run at once with int8 KV in the same bytes.",
+             ("base_seqs", "base_bytes_per_token", "int8_bytes_per_token", "int8_seqs"),
+             lambda c: c["int8_seqs"], within_factor(1.3),
+             "Sequences that fit scale with budget / bytes per token: base sequences x (base B/token / int8 B/token).",
+             "a fixed budget holds (base B/token / int8 B/token) times the tokens; block rounding and the request "
+             "mix take a little of that back"),
+    Exercise("safe_threshold", "07_kv_and_result_cache",
+             "Cosine + guard: pick the threshold that reuses as many answers as possible while every threshold "
+             "from it up keeps hit precision >= {target:.0%}.", ("rows", "target"),
+             _safe_threshold, _safe_and_useful,
+             "Read the precision curve from the right: go left until it first drops under the target line.",
+             "below it some false hit slips through; above it you give up paraphrases that were safe to reuse",
+             _threshold_detail),
+    Exercise("knee_level", "08_p99_and_load",
+             "Which {axis} level is the knee: the first whose p99 E2E exceeds {factor:g}x the lightest level's? "
+             "Pick from {levels}.", ("axis", "levels", "p99_by_level", "factor"), _knee_level, _same_level,
+             "Divide each level's p99 E2E by the lightest level's; the knee is the first ratio above the factor.",
+             "below the knee extra load finds idle batch slots; from there on, it waits in the queue",
+             _level_detail),
     Exercise("tail_or_mean", "08_p99_and_load",
              "Between the two configurations, which moved more in relative terms: the 'mean' or the 'p99'?",
              ("mean_a", "mean_b", "p99_a", "p99_b"),
@@ -163,7 +269,10 @@ def ask(name: str, **ctx: Any) -> None:
     missing = [k for k in e.needs if k not in ctx]
     if missing:
         raise ValueError(f"exercise {name!r} needs {missing} (it needs {list(e.needs)})")
-    _CONTEXT[name] = dict(ctx)
+    ctx = dict(ctx)
+    if callable(ctx.get("evaluate")):  # a simulation per call: run each setting once
+        ctx["evaluate"] = functools.lru_cache(maxsize=None)(ctx["evaluate"])
+    _CONTEXT[name] = ctx
     print("Your turn:", e.question.format(**ctx))
 
 
@@ -190,4 +299,6 @@ def check(name: str, answer: Any) -> bool | None:
         print(f"[{name}] could not read {answer!r} as an answer ({err}). Hint: {e.hint}")
         return False
     print(f"[{name}] {'right' if right else 'not quite'}: " + (e.why if right else e.hint))
+    if e.detail is not None:
+        print(f"[{name}] {e.detail(answer, ctx)}")
     return right

@@ -4,6 +4,11 @@ import pytest
 
 from labkit import exercise
 
+# A guarded semantic-cache sweep: precision dips under 99% below 0.9 (0.85 still looks fine alone).
+SWEEP = [dict(threshold=t, hits=h, true_hits=h - f, false_hits=f, hit_rate=(h - f) / 125,
+              precision=(h - f) / h if h else float("nan"))
+         for t, h, f in ((0.8, 94, 2), (0.85, 83, 1), (0.9, 63, 1), (0.905, 58, 0), (0.95, 24, 0), (1.0, 1, 0))]
+
 # name -> (this run's measurements, a plausible wrong answer)
 CASES = {
     "cold_over_warm": ({"cold_first_s": 0.05, "warm_median_s": 0.001}, 1.0),
@@ -16,10 +21,19 @@ CASES = {
     "int8_bytes_ratio": ({"int8_bytes": 2.6e6, "fp32_bytes": 1e7}, 0.5),
     "keep_in_high_precision": ({"layers": ["q", "k", "down"], "sensitivity": {"q": 0.1, "k": 0.2, "down": 3.0}}, "q"),
     "sparse_faster": ({"sparsity": 0.5, "dense_s": 1.0, "csr_s": 3.0}, "csr"),
-    "max_batch_for_slo": ({"candidates": [1, 2, 4, 8, 16, 32], "limit": 1.0,
-                           "evaluate": lambda b: 0.1 * b}, 2),
+    "md1_wait": ({"rho": 0.9, "service_s": 1.0, "simulated_wq_s": 4.3}, 9.0),   # M/M/1's answer
+    "short_wait_scheduler": ({"schedulers": ["static", "dynamic", "continuous"],
+                              "short_e2e_s": {"static": 800.0, "dynamic": 11.0, "continuous": 1.2}}, "dynamic"),
+    # p99 TTFT (s) falls as the batch limit grows past what the offered load needs
+    "max_batch_for_slo": ({"candidates": [4, 8, 16, 32, 64, 128, 256], "limit": 1.0, "rate": 3.9, "lo": 4, "hi": 256,
+                           "evaluate": lambda b: 0.2 if b >= 32 else 10.0 * 32 / b}, 16),
     "kv_bytes_per_token": ({"layers": 4, "kv_heads": 2, "head_dim": 32, "dtype_bytes": 4,
                             "measured_bytes_per_token": 2048}, 1024),
+    "int8_concurrency": ({"base_seqs": 23, "base_bytes_per_token": 4096, "int8_bytes_per_token": 1152,
+                          "int8_seqs": 70}, 23),
+    "safe_threshold": ({"target": 0.99, "rows": SWEEP}, 0.8),
+    "knee_level": ({"axis": "concurrency", "levels": [1, 2, 4, 8, 16, 32], "factor": 2.0,
+                    "p99_by_level": {1: 0.25, 2: 0.2, 4: 0.27, 8: 0.34, 16: 0.64, 32: 1.36}}, 32),
     "tail_or_mean": ({"mean_a": 1.0, "mean_b": 0.7, "p99_a": 5.0, "p99_b": 4.75}, "p99"),
     "tail_cause": ({"spans": ["queue", "preprocess", "model"],
                     "p99_span_s": {"queue": 0.8, "preprocess": 0.3, "model": 0.1}}, "model"),
@@ -52,8 +66,37 @@ def test_unanswered_is_not_an_error_and_bad_input_is_named(capsys):
         exercise.check("nope", 1)
 
 
-def test_setting_search_rejects_a_setting_that_breaks_the_limit():
-    exercise.ask("max_batch_for_slo", candidates=[1, 2, 4, 8, 16], limit=1.0, evaluate=lambda b: 0.1 * b)
-    assert exercise.solution("max_batch_for_slo") == 8
-    assert exercise.check("max_batch_for_slo", 16) is False   # breaks the SLO
-    assert exercise.check("max_batch_for_slo", 4) is True     # meets it, half the best or more
+def test_setting_search_wants_the_limit_met_without_waste(capsys):
+    calls = []
+
+    def p99_ttft(b):
+        calls.append(b)
+        return 0.2 if b >= 32 else 10.0 * 32 / b
+    exercise.ask("max_batch_for_slo", candidates=[4, 8, 16, 32, 64, 128, 256], limit=1.0, rate=3.9, lo=4, hi=256,
+                 evaluate=p99_ttft)
+    assert exercise.solution("max_batch_for_slo") == 32
+    assert exercise.check("max_batch_for_slo", 16) is False    # breaks the SLO
+    assert "p99 TTFT 20 s" in capsys.readouterr().out          # and says what that setting gave
+    assert exercise.check("max_batch_for_slo", 48) is True     # meets it, within 2x of the smallest
+    assert exercise.check("max_batch_for_slo", 256) is False   # meets it, but 8x the batch needed
+    assert exercise.check("max_batch_for_slo", 1000) is False  # outside the range offered
+    assert len(calls) == len(set(calls))                       # each setting simulated once
+
+
+def test_threshold_search_rejects_a_lucky_dip_and_identical_only():
+    rows = SWEEP + [dict(threshold=0.7, hits=100, true_hits=99, false_hits=1, hit_rate=99 / 125, precision=0.99)]
+    exercise.ask("safe_threshold", rows=rows, target=0.99)
+    assert exercise.solution("safe_threshold") == 0.905
+    assert exercise.check("safe_threshold", 0.7) is False    # 99% there, but 0.8-0.9 let false hits through
+    assert exercise.check("safe_threshold", 0.95) is False   # safe, but keeps under 3/4 of the hits
+    assert exercise.check("safe_threshold", 0.905) is True
+
+
+def test_knee_is_the_first_level_past_the_bound_and_levels_are_checked(capsys):
+    ctx, _ = CASES["knee_level"]
+    exercise.ask("knee_level", **ctx)
+    assert exercise.solution("knee_level") == 16
+    assert exercise.check("knee_level", 16.0) is True
+    assert exercise.check("knee_level", 8) is False
+    assert exercise.check("knee_level", 12) is False
+    assert "pick one of the levels" in capsys.readouterr().out
