@@ -153,6 +153,13 @@ def test_c4_fails_when_the_knee_is_far_from_the_ridge():
     assert v.outcome == FAILS and "below the predicted ridge" in v.reason
 
 
+def test_c4_fails_when_the_curve_sits_far_below_the_ceilings():
+    p = ch2.predict_c4(ROOF)
+    v = ch2.judge_c4(p, INTENS, _roof_curve(4e9, 40e9, INTENS))  # right knee, 5x below both ceilings
+    assert v.outcome == FAILS and "fitted slope" in v.reason and "fitted plateau" in v.reason
+    assert "knee" not in v.reason
+
+
 def test_c4_fails_when_the_curve_has_no_knee():
     p = ch2.predict_c4(ROOF)
     wide = [2.0 ** k for k in range(-4, 11)]
