@@ -246,3 +246,28 @@ def test_verdicts_round_trip():
     v = ch1.judge_c2(ch1.predict_c2(), _shares(10.0, 5.0, 50.0))
     assert Verdict.from_dict(v.as_dict()) == v
     assert not math.isnan(v.evidence["distance from 10-20 %"].value)
+
+
+def test_perf_event_attr_layout_and_a_software_counter():
+    """The ctypes perf_event_open wrapper: the attr puts type, size, config and the
+    exclude_kernel bit where the kernel reads them; a software counter (allowed even in VMs
+    without a PMU) opens and counts, which proves the layout against the running kernel."""
+    import os
+    import struct
+
+    from labkit.bench import counters
+
+    raw = counters._attr(4, 0xFF03, user_only=True)
+    assert len(raw) == 112
+    assert struct.unpack_from("IIQ", raw) == (4, 112, 0xFF03)
+    assert struct.unpack_from("Q", raw, 40)[0] == 1 << 5
+    assert not struct.unpack_from("Q", raw, 40)[0] & 1  # bit 0 (disabled) clear: counts from open
+    try:
+        fd = counters._open(1, 1, 0, -1)  # PERF_TYPE_SOFTWARE, PERF_COUNT_SW_TASK_CLOCK, this thread
+    except (OSError, counters.CountersUnavailable) as exc:
+        pytest.skip(f"perf_event_open not allowed here: {exc}")
+    try:
+        sum(range(200_000))
+        assert counters._value(fd) > 0
+    finally:
+        os.close(fd)

@@ -238,9 +238,10 @@ def judge_c4(prediction: Prediction, intensity: Sequence[float], flop_per_s: Seq
                   why_not="; ".join(problems), evidence=ev, tolerance=tol)
 
 
-def measure_c4(device: Any, ridge: float, nbytes: int, dtype: str = "fp32", repeat: int = 3,
+def measure_c4(device: Any, ridge: float, nbytes: int, dtype: str = "fp32", repeat: int = 5,
                max_call_s: float = 0.5) -> list[Any]:
-    """`intensity_sweep` over the widths `sweep_widths` picks for `ridge` (FLOP/B)."""
+    """`intensity_sweep` over the widths `sweep_widths` picks for `ridge` (FLOP/B), best of `repeat`
+    calls per width (a ceiling-like rate, as the ridge's own peak and bandwidth are)."""
     from labkit.bench import zoo
     from labkit.bench.experiments import intensity_sweep
 
