@@ -67,10 +67,18 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--only", nargs="*", default=None, help="notebook name prefixes, e.g. 00 02")
     p.set_defaults(func=_notebooks)
 
-    p = sub.add_parser("bench", help="measure this machine: bandwidth, matmul, overhead, kernel zoo (JSON)")
+    p = sub.add_parser("bench", help="measure this machine: bandwidth, matmul, overhead, kernel zoo (JSON); "
+                                     "`labkit bench all` runs every python -m labkit.*.bench")
+    p.add_argument("target", nargs="?", choices=("all",), default=None,
+                   help="all: run every bench module and write one JSON for this machine")
     p.add_argument("--quick", action="store_true", help="smoke sizes (about a minute on 2 CPU cores)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | mps (default auto)")
-    p.add_argument("--out", default=None, help="JSON path (default build/bench/<device>-<threads>t.json)")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (bench all; default torch's)")
+    p.add_argument("--out", default=None, help="JSON path (default build/bench/<device>-<threads>t.json; "
+                                               "bench all: build/bench/all-<machine>.json)")
+    p.add_argument("--machine", default=None, help="bench all: also save data/results/<machine>/benches.json")
+    p.add_argument("--only", nargs="*", default=None, help="bench all: only these, e.g. sim model serve.kv_bench")
+    p.add_argument("--timeout", type=float, default=None, help="bench all: seconds per bench before it is cut")
     p.add_argument("--check", action="store_true", help="only compare labkit with numpy / torch.matmul")
     p.set_defaults(func=_bench)
 

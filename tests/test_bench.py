@@ -151,3 +151,116 @@ def test_check_compares_like_with_like_in_back_to_back_pairs():
     assert t["ratio"] > 0 and all(t[f"{k}_s"] > 0 for k in ("labkit_1t", "numpy_add", "numpy_2pass", "labkit_all"))
     with pytest.raises(ValueError, match="rounds"):
         check.triad(rounds=0)
+
+
+# ------------------------------------------------------------------ one bench convention
+BENCH_MODULES = ["labkit.sim.bench", "labkit.model.bench", "labkit.fusion.bench", "labkit.quant.bench",
+                 "labkit.prune.bench", "labkit.distill.bench", "labkit.serve.kv_bench", "labkit.serve.cache_bench",
+                 "labkit.loadgen.bench"]
+
+
+def test_every_bench_is_listed_once():
+    from pathlib import Path
+
+    from labkit import benchkit
+
+    root = Path(benchkit.__file__).parent
+    found = {f"labkit.{p.parent.name}.{p.stem}" for p in root.glob("*/*bench.py")}
+    assert found == set(BENCH_MODULES) == set(benchkit.BENCHES) and len(benchkit.BENCHES) == len(BENCH_MODULES)
+
+
+@pytest.mark.parametrize("module", BENCH_MODULES)
+def test_every_bench_takes_the_shared_flags(module):
+    """Parsing only (no bench runs): --quick, --json, --device, --threads, and bad values
+    rejected by argparse with the allowed ones named."""
+    import importlib
+
+    ap = importlib.import_module(module).parser()
+    args = ap.parse_args(["--quick", "--json", "out.json", "--device", "cpu", "--threads", "2"])
+    assert (args.quick, args.json, args.device, args.threads, args._bench) == (True, "out.json", "cpu", 2, module)
+    assert ap.parse_args([]).quick is False and ap.parse_args([]).device == "auto"
+    for bad in (["--threads", "0"], ["--device", "tpu"]):
+        with pytest.raises(SystemExit):
+            ap.parse_args(bad)
+
+
+def _fake_bench(argv, fail=False):
+    from labkit import benchkit
+
+    args = benchkit.parser("labkit.fake.bench", "A fake bench.").parse_args(argv)
+    with benchkit.session(args) as run:
+        print("a table\nanother line")
+        run.record("rows", [{"x": 1.5, "t": torch.tensor([1.0, 2.0]), "nan": float("nan")}])
+        if fail:
+            raise RuntimeError("boom")
+        run.summary = "x 1.5 over\nnewline"
+    return run.rc
+
+
+def test_session_ends_with_one_summary_line_and_writes_the_record(tmp_path, capsys):
+    import json
+
+    from labkit import benchkit
+
+    before = torch.get_num_threads()
+    assert _fake_bench(["--json", str(tmp_path / "r.json"), "--threads", "1"]) == 0
+    assert torch.get_num_threads() == before, "--threads is restored after the run"
+    out = capsys.readouterr().out
+    lines = out.strip().splitlines()
+    assert sum(line.startswith(benchkit.SUMMARY_PREFIX) for line in lines) == 1
+    s = benchkit.parse_summary(out)
+    assert s == {"bench": "labkit.fake.bench", "text": "x 1.5 over newline", "seconds": 0}
+    rec = json.loads((tmp_path / "r.json").read_text())
+    assert rec["bench"] == "labkit.fake.bench" and rec["rc"] == 0 and rec["summary"] == "x 1.5 over\nnewline"
+    assert rec["fingerprint"]["kind"] == "cpu" and "llc_bytes" in rec["fingerprint"]
+    assert rec["args"]["threads"] == 1 and rec["results"]["rows"] == [{"x": 1.5, "t": [1.0, 2.0], "nan": None}]
+
+
+def test_a_failing_bench_still_ends_with_its_summary_line(tmp_path, capsys):
+    import json
+
+    from labkit import benchkit
+
+    with pytest.raises(RuntimeError):
+        _fake_bench(["--json", str(tmp_path / "r.json")], fail=True)
+    s = benchkit.parse_summary(capsys.readouterr().out)
+    assert s["text"] == "FAILED RuntimeError: boom"
+    assert json.loads((tmp_path / "r.json").read_text())["rc"] == 1
+
+
+def test_bench_all_selection_and_parser():
+    from labkit import benchkit, cli
+
+    assert benchkit.select(["sim", "serve.kv_bench"]) == ["labkit.sim.bench", "labkit.serve.kv_bench"]
+    assert benchkit.select(None) == list(benchkit.BENCHES)
+    with pytest.raises(ValueError, match="unknown bench 'gpu'.*sim"):
+        benchkit.select(["gpu"])
+    args = cli.build_parser(["bench"]).parse_args(["bench", "all", "--quick", "--only", "sim", "--machine", "m1"])
+    assert (args.target, args.quick, args.only, args.machine) == ("all", True, ["sim"], "m1")
+    assert cli.build_parser(["bench"]).parse_args(["bench", "--check"]).target is None
+    assert benchkit.machine_slug({"device_name": "Intel(R) Xeon(R) 8480+", "torch_threads": 2}) == \
+        "intel-r-xeon-r-8480-2t"
+
+
+def test_bench_all_gathers_one_record_per_bench(monkeypatch, tmp_path):
+    """`run_all` with a stand-in for the bench processes: one machine record, the fingerprint
+    once at the top, each bench's summary and rc kept; a bench without a summary keeps its output."""
+    import json
+    import subprocess
+
+    from labkit import benchkit
+
+    def fake_run(argv, **kw):
+        mod, path = argv[2], argv[argv.index("--json") + 1]
+        if mod == "labkit.sim.bench":
+            benchkit.write_json(path, {"bench": mod, "fingerprint": {}, "results": {"speed": 1}})
+            return subprocess.CompletedProcess(argv, 0, "table\nSUMMARY labkit.sim.bench: 9 req/s [3 s]\n", "")
+        return subprocess.CompletedProcess(argv, 1, "half a table\n", "Traceback: boom\n")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    rec = benchkit.run_all(quick=True, device="cpu", only=["sim", "model"], say=lambda _: None)
+    json.dumps(rec)
+    assert rec["size"] == "smoke" and rec["fingerprint"]["kind"] == "cpu"
+    sim, model = rec["benches"]
+    assert (sim["summary"], sim["rc"], sim["results"], "fingerprint" in sim) == ("9 req/s", 0, {"speed": 1}, False)
+    assert model["rc"] == 1 and model["summary"] is None and "boom" in model["output_tail"]

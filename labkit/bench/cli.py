@@ -1,4 +1,5 @@
-"""`labkit bench [--quick] [--device D] [--out PATH] [--check]`."""
+"""`labkit bench [--quick] [--device D] [--out PATH] [--check]` and
+`labkit bench all [--quick] [--device D] [--threads N] [--only NAME...] [--out PATH] [--machine NAME]`."""
 
 from __future__ import annotations
 
@@ -6,7 +7,30 @@ import argparse
 import time
 
 
+def run_all(args: argparse.Namespace) -> int:
+    """Every bench module in its own process; one JSON for this machine (see
+    data/results/README.md). Exit status 1 if any bench failed."""
+    from labkit import benchkit, paths
+
+    t0 = time.perf_counter()
+    machine = benchkit.run_all(quick=args.quick, device=args.device, threads=getattr(args, "threads", None),
+                               only=getattr(args, "only", None), timeout_s=getattr(args, "timeout", None),
+                               say=lambda msg: print(f"[{time.perf_counter() - t0:6.1f} s] {msg}", flush=True))
+    slug = benchkit.machine_slug(machine["fingerprint"])
+    out = benchkit.write_json(args.out or paths.out_dir() / "bench" / f"all-{slug}.json", machine)
+    print(f"written to {out}")
+    if getattr(args, "machine", None):
+        print(f"and to {benchkit.write_json(paths.RESULTS / args.machine / 'benches.json', machine)}")
+    failed = [b["bench"] for b in machine["benches"] if b["rc"] != 0]
+    print(benchkit.summary_line("labkit.bench.all", f"{len(machine['benches']) - len(failed)} of "
+                                f"{len(machine['benches'])} benches ok" + (f"; failed: {', '.join(failed)}" if failed
+                                                                             else ""), time.perf_counter() - t0))
+    return 1 if failed else 0
+
+
 def main(args: argparse.Namespace) -> int:
+    if getattr(args, "target", None) == "all":
+        return run_all(args)
     if args.check:
         from labkit.bench import check
 

@@ -13,12 +13,13 @@ Sizes come from ``labkit.presets.SIZES["pruning"]`` (``--quick``: the smoke size
 
 from __future__ import annotations
 
-import argparse
-import time
+import sys
 
 import torch
 
-from labkit import presets
+from labkit import benchkit, presets
+from labkit.ledger.ch4 import (MIN_ROUNDS, judge_c13, judge_c14, measure_c14_decode, order_labels, predict_c13,
+                               predict_c14)
 from labkit.distill import experiments as dx
 from labkit.distill.order import run_order, summary
 from labkit.model import load_tiny
@@ -27,14 +28,22 @@ from labkit.quant import quantize_model
 from labkit.quant.experiments import corpus_ids, format_rows
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="smoke sizes (seconds, not minutes)")
-    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: the preset's)")
-    args = ap.parse_args(argv)
-    P = presets.sizes("pruning", "smoke" if args.quick else "full")
-    px.use_threads(args.threads or P["threads"])
-    t0 = time.perf_counter()
+def parser():
+    """The shared bench flags (CPU only)."""
+    return benchkit.parser("labkit.distill.bench", __doc__, quick_help="smoke sizes (seconds, not minutes)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    with benchkit.session(args) as run:
+        body(run, "smoke" if args.quick else "full", args.threads)
+    return run.rc
+
+
+def body(run: benchkit.Session, size: str, threads: int | None) -> None:
+    """Sections 1-4; figures go into `run` and its summary."""
+    P = presets.sizes("pruning", size)
+    px.use_threads(threads or P["threads"])
     torch.manual_seed(0)
     budget = dx.budget_from_params(P)
     valid, train = corpus_ids("valid"), corpus_ids("train", max_chars=P["train_chars"])
@@ -46,16 +55,17 @@ def main(argv: list[str] | None = None) -> None:
     print("\n== 1. distilled vs from-scratch student, same init, data and token budget ==")
     cmp = dx.distill_vs_scratch(tiny, train, valid, budget.distill, budget.student_overrides, budget.kd,
                                 P["ppl_windows"])
-    print(format_rows(cmp["rows"]))
+    print(format_rows(run.record("distill_vs_scratch", cmp["rows"])))
 
     print("\n== 2. C14 cost: teacher forwards + student training vs from scratch ==")
-    print(format_rows(cmp["cost"]))
+    print(format_rows(run.record("cost", cmp["cost"])))
     pre = dx.teacher_pretraining()
     if pre:
         print(f"  teacher's own pre-training (data/tiny/config.json): {pre['tokens']:,} tokens, {pre['total_s']:.0f} s, "
               f"{pre['total_TFLOP']:.1f} TFLOP")
 
     print("\n== 3. C13: order of distill (D), prune + recover (P), quantize int8 (Q) ==")
+    pred13 = predict_c13(order_labels(P["orders"]))
     steps, finals = [], {}
     for order in P["orders"]:
         done = {"D": (cmp["students"]["distilled"], cmp["cost"][1]["total_s"])} if order.startswith("D") else None
@@ -64,23 +74,30 @@ def main(argv: list[str] | None = None) -> None:
     print(format_rows(steps))
     orders = summary(steps, dx.decode_speeds(finals, repeat=max(10, P["repeat"]), rounds=P["rounds"]))
     print(format_rows(orders))
-    v13 = dx.c13_verdict(orders, steps)
-    print(f"  winner {v13['winner']} ({v13['winner_ppl']:.2f}); {v13['claimed']} {v13['claimed_ppl']:.2f} "
-          f"({v13['gap_pct']:+.1f}%) -> C13 {'holds' if v13['holds'] else 'does not hold here'}; prune step raised "
-          "perplexity " + ", ".join(f"x{j:.2f} in {o}" for o, j in v13["prune_jump"].items()))
+    run.record("orders", orders)
+    v13 = judge_c13(pred13, {r["order"]: r["final_ppl"] for r in orders})
+    run.record("c13_verdict", v13.as_dict())
+    print("  " + str(v13).replace("\n", "\n  "))
+    print("  prune step raised perplexity " + ", ".join(f"x{j:.2f} in {o}" for o, j in dx.prune_jumps(steps).items()))
 
     print("\n== 4. decode speed vs quality of every variant (tiny teacher, batch 1) ==")
     variants = dx.pareto_variants(tiny, [], cmp["students"], finals)
     variants["teacher int8 + fp32 head"] = ("quantization", quantize_model(tiny, "int8", keep=["output"]))
     sq = dx.speed_quality(variants, valid, P["ppl_windows"], repeat=max(10, P["repeat"]), rounds=P["rounds"])
     print(format_rows(sq))
-    v14 = dx.c14_verdict(cmp["cost"], cmp["rows"], sq)
-    print(f"  C14: distillation costs {v14['flops_ratio']:.2f}x the FLOPs and {v14['seconds_ratio']:.2f}x the seconds of "
-          f"from-scratch training; distilled ppl {v14['distilled_ppl']:.2f} vs scratch {v14['scratch_ppl']:.2f}; best "
-          f"quantization {v14['quant_speedup']:.2f}x, best smaller model {v14['smaller_speedup']:.2f}x, all three combined "
-          f"{v14['combined_speedup']:.2f}x decode speed-up")
-    print(f"\ntotal {time.perf_counter() - t0:.0f} s")
+    run.record("speed_quality", sq)
+    student = cmp["students"]["distilled"]
+    pred14 = predict_c14(tiny.config, student.config, budget.distill.seq_len)
+    runs = {r["run"]: r for r in cmp["cost"]}
+    speed, failure = measure_c14_decode(tiny, student, max(10, P["repeat"]), max(MIN_ROUNDS, P["rounds"]),
+                                        torch.get_num_threads())
+    qf_x = speed["quant+fuse"] / speed["teacher"] if "quant+fuse" in speed else None
+    v14 = judge_c14(pred14, runs["from scratch"]["total_s"], runs["distilled"]["total_s"], qf_x,
+                    speed["student"] / speed["teacher"], failure)
+    run.record("c14_verdict", v14.as_dict())
+    print("  " + str(v14).replace("\n", "\n  "))
+    run.summary = f"C13 {v13.outcome}: {v13.reason}; C14 {v14.outcome}: {v14.reason}"
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

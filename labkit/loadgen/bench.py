@@ -7,19 +7,17 @@
 3. No vs static vs continuous batching on one open-loop trace (above the knee).
 4. Continuous vs static throughput at the same p99 E2E target (2x continuous batching's p99
    at the lightest rate): one open-loop rate sweep per policy.
-Everything runs on loopback; results also go to build/loadgen_bench.json.
+Everything runs on loopback; ``--json PATH`` writes the figures with the machine's fingerprint.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
-from pathlib import Path
 
 import numpy as np
 import psutil
 
+from labkit import benchkit
 from labkit.loadgen import experiments as ex
 from labkit.loadgen import fidelity
 from labkit.sim import calibrate
@@ -31,20 +29,34 @@ def _row(name: str, s: dict) -> str:
             f"{s['e2e']['p50']:>9.3f}{s['e2e']['p99']:>9.3f}{s['completed']:>6d}/{s['requests']:<4d}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fewer requests per run (a few minutes on 2 CPU cores)")
+def parser():
+    """The shared bench flags (the server runs on CPU with 1 torch thread) plus --seed."""
+    ap = benchkit.parser("labkit.loadgen.bench", __doc__,
+                         quick_help="fewer requests per run (a few minutes on 2 CPU cores)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="build/loadgen_bench.json")
-    args = ap.parse_args(argv)
-    n_level = {"low": 40, "near knee": 80, "overloaded": 80} if args.quick else \
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    with benchkit.session(args) as run:
+        run.results = body(args.quick, seed)
+        ratio = run.results["throughput_ratio_at_target"]
+        run.summary = (f"continuous/static throughput at equal p99 E2E {ratio:.1f}x (target >= 3x)"
+                       if ratio == ratio else "static batching never met the p99 target in the sweep")
+    return run.rc
+
+
+def body(quick: bool, seed: int) -> dict:
+    """Sections 1-4 against a real `labkit serve` on loopback; returns every figure."""
+    n_level = {"low": 40, "near knee": 80, "overloaded": 80} if quick else \
         {"low": 100, "near knee": 200, "overloaded": 200}
     # sweep points: about 12 s (quick) or 30 s of arrivals each, 30..120 or 60..300 requests
-    n_sweep = (lambda r: ex.requests_for(r, 12, 30, 120)) if args.quick else (lambda r: ex.requests_for(r, 30, 60, 300))
-    points = 5 if args.quick else 7
+    n_sweep = (lambda r: ex.requests_for(r, 12, 30, 120)) if quick else (lambda r: ex.requests_for(r, 30, 60, 300))
+    points = 5 if quick else 7
     t0 = time.perf_counter()
     say = lambda msg: print(f"[{time.perf_counter() - t0:6.1f} s] {msg}", flush=True)  # noqa: E731
-    out: dict = {"quick": args.quick, "cpus": psutil.cpu_count()}
+    out: dict = {"quick": quick, "cpus": psutil.cpu_count()}
 
     cfg = ex.server_config("continuous")
     twin = ex.twin(cfg)
@@ -53,10 +65,10 @@ def main(argv: list[str] | None = None) -> int:
         cost, rows = ex.calibrate_served(srv.url)
         load_cal = psutil.getloadavg()[0]
         say(f"twin calibrated on the server: {cost}")
-        knee, _ = ex.predicted_knee(cost, twin, seed=args.seed)
+        knee, _ = ex.predicted_knee(cost, twin, seed=seed)
         say(f"twin's knee: {knee['level']:.2f} req/s offered, capacity {knee['throughput_rps']:.2f} req/s")
         rates = {"low": 0.3 * knee["level"], "near knee": knee["level"], "overloaded": 1.6 * knee["level"]}
-        levels = ex.run_levels(srv.url, rates, n_level, seed=args.seed)
+        levels = ex.run_levels(srv.url, rates, n_level, seed=seed)
         dr = ex.drift(srv.url, cost)
         load_runs = psutil.getloadavg()[0]
     engine_cost = calibrate.calibrate(None, fidelity.measure_engine())
@@ -74,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"\n== no vs static vs continuous batching, same {n_level['overloaded']} requests at "
           f"{rates['overloaded']:.2f} req/s offered ==")
-    runs = ex.policy_runs(ex.chat_specs(n_level["overloaded"], rates["overloaded"], args.seed), ["none", "static"],
+    runs = ex.policy_runs(ex.chat_specs(n_level["overloaded"], rates["overloaded"], seed), ["none", "static"],
                           done=None)
     runs["continuous"] = levels["overloaded"]
     print(f"{'policy':<11}{'req/s':>7}{'tok/s':>10}{'TTFT p50':>9}{'p99':>9}{'E2E p50':>9}{'p99':>9}  done (s)")
@@ -85,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
 
     say("rate sweeps per policy for throughput at equal p99 E2E")
     trates = list(np.geomspace(0.15, 1.5, points) * knee["level"])
-    sweeps = ex.target_sweeps(["static", "continuous"], trates, n_sweep, args.seed)
+    sweeps = ex.target_sweeps(["static", "continuous"], trates, n_sweep, seed)
     target = 2 * sweeps["continuous"][0]["e2e"]["p99"]
     print(f"\n== throughput at p99 E2E <= {target:.2f} s (2x continuous batching's p99 at {trates[0]:.2f} req/s) ==")
     for p, srows in sweeps.items():
@@ -103,10 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     out.update(target_s=target, throughput_ratio_at_target=ratio,
                sweeps={p: [{k: r[k] for k in ("rate", "throughput_rps", "e2e")} for r in srows]
                        for p, srows in sweeps.items()})
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1, default=float))
-    say(f"done -> {args.out}")
-    return 0
+    return out
 
 
 if __name__ == "__main__":

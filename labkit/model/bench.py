@@ -18,14 +18,13 @@ transformers is imported only here (and in tests), never by labkit's runtime.
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
+from labkit import benchkit
 from labkit.model.checkpoint import TINY_DIR, load_tiny
 from labkit.model.generate import generate
 from labkit.model.transformer import Transformer
@@ -224,30 +223,51 @@ def cache_demo(model: Transformer, new_tokens: int = 512, prompt_len: int = 16) 
 # ------------------------------------------------------------------------ main
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m labkit.model.bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="fewer tokens and repeats (~1 min)")
+def parser():
+    """The shared bench flags plus the decode bench's own."""
+    ap = benchkit.parser("labkit.model.bench", __doc__, devices=("cpu", "cuda", "mps"),
+                         quick_help="fewer tokens and repeats (~1 min)")
     ap.add_argument("--presets", default="tiny,small", help="comma-separated presets to time")
     ap.add_argument("--batches", default="1,8")
-    ap.add_argument("--new-tokens", type=int, default=None, help="decode steps timed (default 64, quick 24)")
-    ap.add_argument("--prompt-len", type=int, default=16)
+    ap.add_argument("--new-tokens", type=benchkit.positive_int, default=None,
+                    help="decode steps timed (default 64, quick 24)")
+    ap.add_argument("--prompt-len", type=benchkit.positive_int, default=16)
     ap.add_argument("--compile", action="store_true", help="also time a torch.compile'd decode step")
     ap.add_argument("--compile-presets", default="tiny",
                     help="presets the compile variant runs on (each batch compiles anew, ~45 s on 2 cores)")
     ap.add_argument("--layouts", action="store_true", help="time small's linears in three layouts")
     ap.add_argument("--cache-demo", action="store_true", help="KV cache vs use_cache=False at 512 tokens")
-    ap.add_argument("--cache-demo-tokens", type=int, default=512)
+    ap.add_argument("--cache-demo-tokens", type=benchkit.positive_int, default=512)
     ap.add_argument("--profile", action="store_true", help="print an op profile of labkit decode")
-    ap.add_argument("--json", default=None, help="write all figures to this JSON file")
-    ap.add_argument("--device", default="cpu", help="cpu | cuda | mps | auto (default cpu)")
     ap.add_argument("--dtype", default="fp32", choices=sorted(DTYPES), help="weights and KV dtype (default fp32)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    with benchkit.session(args) as run:
+        results = body(args, run.device)
+        run.results = results
+        run.summary = summarize(results["rows"])
+    return run.rc
+
+
+def summarize(rows: list[dict]) -> str:
+    """One line: per preset and batch, labkit tok/s, its ratio to transformers and roofline share."""
+    parts = [f"{r['model']} b{r['batch']} {r['labkit_tok_s']:.1f} tok/s "
+             f"({r['labkit_tok_s'] / r['transformers_tok_s']:.2f}x transformers, "
+             f"{100 * r['labkit_roofline']:.0f}% roofline){'' if r['agree'] else ' TOKENS DIFFER'}" for r in rows]
+    return "; ".join(parts) or "no rows"
+
+
+def body(args, dev: torch.device) -> dict:
+    """Every section the flags ask for; returns all figures."""
     new_tokens = args.new_tokens or (24 if args.quick else 64)
     repeat = 3 if args.quick else 5
     batches = tuple(int(b) for b in args.batches.split(","))
 
-    from labkit.device import describe, pick
-    dev, dtype = pick(args.device), DTYPES[args.dtype]
+    from labkit.device import describe
+    dtype = DTYPES[args.dtype]
     info = describe(dev)
     print(f"{info.name}, {info.torch_threads} torch threads, torch {info.torch_version}, {args.dtype}")
     bw_bytes = (256 if args.quick else 512) * 2**20 * (8 if dev.type == "cuda" else 1)  # >> a GPU's L2
@@ -291,10 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"-- KV cache demo (tiny, {n} new tokens): cache {d['cache_s']:.2f} s, "
               f"no cache {d['nocache_s']:.2f} s, speed-up {d['speedup']:.1f}x, "
               f"identical tokens: {d['identical']}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1, default=str)
-    return 0
+    return results
 
 
 if __name__ == "__main__":

@@ -14,13 +14,13 @@ Sizes come from ``labkit.presets.SIZES["pruning"]`` (``--quick``: the smoke size
 
 from __future__ import annotations
 
-import argparse
-import time
+import sys
 
 import torch
 
-from labkit import presets
-from labkit.model import load_tiny
+from labkit import benchkit, presets
+from labkit.ledger.ch4 import c12_speedups, judge_c12, predict_c12
+from labkit.model import Transformer, load_tiny
 from labkit.prune import experiments as px
 from labkit.prune.recover import RecoveryBudget
 from labkit.prune.semistructured import gemm_24_speed, semi_structured_support
@@ -40,26 +40,39 @@ def gemm24() -> None:
     print(format_rows([gemm_24_speed(8192, m, device=dev) for m in (64, 8192)]))
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="smoke sizes (seconds, not minutes)")
-    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: the preset's)")
+def parser():
+    """The shared bench flags (--device picks where the 2:4 GEMM of section 5 runs) plus
+    --gemm24-only."""
+    ap = benchkit.parser("labkit.prune.bench", __doc__, devices=("cpu", "cuda"),
+                         quick_help="smoke sizes (seconds, not minutes)")
     ap.add_argument("--gemm24-only", action="store_true", help="only section 5, the 2:4 GEMM (for GPU checks)")
-    args = ap.parse_args(argv)
-    if args.gemm24_only:
-        return gemm24()
-    P = presets.sizes("pruning", "smoke" if args.quick else "full")
-    px.use_threads(args.threads or P["threads"])
-    t0 = time.perf_counter()
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    with benchkit.session(args) as run:
+        if args.gemm24_only:
+            gemm24()
+            run.summary = "2:4 GEMM section only"
+        else:
+            body(run, "smoke" if args.quick else "full", args.threads)
+    return run.rc
+
+
+def body(run: benchkit.Session, size: str, threads: int | None) -> None:
+    """Sections 1-5; figures go into `run` and its summary."""
+    P = presets.sizes("pruning", size)
+    px.use_threads(threads or P["threads"])
     torch.manual_seed(0)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, sizes {'smoke' if args.quick else 'full'}")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, sizes {size}")
 
     n = P["matmul_n"]
     print(f"\n== 1. one {n}x{n} fp32 weight x a batch-1 input ({4 * n * n / 2**20:.0f} MiB dense) ==")
-    print(format_rows(px.matmul_rows(n, P["sparsities"], repeat=P["repeat"], rounds=P["rounds"])))
+    print(format_rows(run.record("matmul", px.matmul_rows(n, P["sparsities"], repeat=P["repeat"], rounds=P["rounds"]))))
 
     print("\n== 2. CSR vs dense over sparsity: where does CSR start to win? ==")
-    sweep = px.breakeven_sweep(n, P["sweep"], repeat=P["repeat"], rounds=P["rounds"])
+    sweep = run.record("breakeven", px.breakeven_sweep(n, P["sweep"], repeat=P["repeat"], rounds=P["rounds"]))
     print(format_rows(sweep["rows"]))
     be = sweep["breakeven"]
     print(f"  break-even: {'never within the sweep' if be is None else f'{100 * be:.0f}% sparsity'} "
@@ -67,13 +80,16 @@ def main(argv: list[str] | None = None) -> None:
 
     over = P["speed_overrides"]
     print(f"\n== 3. decode on a memory-bound model: {P['speed_preset']} {over or '(all layers)'}, random init ==")
-    dec = px.decode_rows(P["speed_preset"], over, P["sparsities"], repeat=P["repeat"], rounds=P["rounds"])
+    cfg = Transformer.from_preset(P["speed_preset"], **over).config
+    preds = {s: predict_c12(cfg, s) for s in P["sparsities"]}  # before any timing, as the ledger does
+    dec = run.record("decode", px.decode_rows(P["speed_preset"], over, P["sparsities"], repeat=P["repeat"],
+                                              rounds=P["rounds"]))
     print(format_rows(dec))
-    for s in P["sparsities"]:
-        print("  " + px.c12_sentence(px.c12_verdict(dec, s)))
-    v50 = px.c12_verdict(dec, 0.5)
-    print(f"  structured 50% decode speed-up {v50['structured']:.2f}x (target >= 1.5x on a memory-bound preset): "
-          f"{'met' if v50['structured'] >= 1.5 else 'NOT met'}")
+    verdicts = {s: judge_c12(preds[s], *c12_speedups(dec, s)) for s in P["sparsities"]}
+    run.record("c12_verdicts", {str(s): v.as_dict() for s, v in verdicts.items()})
+    for s, v in verdicts.items():
+        print(f"  {100 * s:.0f}%: " + str(v).replace("\n", "\n  "))
+    structured = c12_speedups(dec, P["sparsities"][0])[2]
 
     print("\n== 4. accuracy on the trained tiny checkpoint (before / after recovery) ==")
     valid = corpus_ids("valid")
@@ -81,14 +97,17 @@ def main(argv: list[str] | None = None) -> None:
     budget = RecoveryBudget(**P["recovery"])
     print(f"  recovery budget per variant: {budget}; perplexity on {P['ppl_windows']} x 256 validation tokens")
     tiny = load_tiny()
-    acc = px.accuracy_rows(tiny, valid, train, P["sparsities"], budget, P["ppl_windows"], P["calib_windows"])
+    acc = run.record("accuracy", px.accuracy_rows(tiny, valid, train, P["sparsities"], budget, P["ppl_windows"],
+                                                  P["calib_windows"]))
     print(format_rows(acc))
     diff = px.csr_matches_dense(tiny, 0.5, valid[:256][None])
     print(f"  CSR vs kept-dense logits, 50%: max |diff| {diff:.1e} (same values, so the same accuracy)")
 
     gemm24()
-    print(f"\ntotal {time.perf_counter() - t0:.0f} s")
+    first = P["sparsities"][0]
+    run.summary = (f"C12 at {100 * first:.0f}% {verdicts[first].outcome}: structured {structured:.2f}x decode; "
+                   f"CSR break-even {'none' if be is None else f'{100 * be:.0f}%'}")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

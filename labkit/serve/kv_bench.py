@@ -25,7 +25,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from labkit import presets
+from labkit import benchkit, presets
 from labkit.model import Transformer
 from labkit.model.kv_memory import kv_bytes_per_token, kv_cache_bytes
 from labkit.serve.engine import Engine, EngineConfig
@@ -153,18 +153,30 @@ def format_rows(rows: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
+def parser() -> argparse.ArgumentParser:
+    """The shared bench flags (CPU; 1 torch thread by default: these models are too small
+    to gain from more)."""
+    return benchkit.parser("labkit.serve.kv_bench", __doc__, default_threads=1,
+                           quick_help="notebook 07's smoke sizes (default: its full sizes)",
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    with benchkit.session(args) as session:
+        session.results = body(args.quick)
+        r = session.results
+        session.summary = (f"paged/max-length concurrency {r['paged_gain']:.1f}x; int8 KV concurrency "
+                           f"{r['int8_gain']:.2f}x, perplexity {r['int8_dppl_pct']:+.2f}%")
+    return session.rc
+
+
+def body(quick: bool) -> dict:
+    """Paged vs max-length reservation, block sizes, int8 KV; returns every figure."""
     from labkit.model import load_tiny, perplexity
     from labkit.quant.experiments import corpus_ids
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="notebook 07's smoke sizes (default: its full sizes)")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch threads (1: these models are too small to gain from more; 0 = torch's default)")
-    args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    P = presets.sizes("kv_cache", "smoke" if args.quick else "full")  # the sizes notebook 07 uses
+    P = presets.sizes("kv_cache", "smoke" if quick else "full")  # the sizes notebook 07 uses
     torch.manual_seed(0)
     model = load_tiny()
     wl = mixed_workload(P["engine_requests"], P["prompt_median"], P["output_median"], P["engine_max_len"])
@@ -190,7 +202,9 @@ def main(argv: list[str] | None = None) -> int:
           f"max concurrency {int8['peak_running']} vs {base['peak_running']} ({gain:.2f}x) at the same budget; "
           f"perplexity {ppl['model']:.3f} -> {ppl['int8']:.3f} ({100 * (ppl['int8'] / ppl['model'] - 1):+.2f}%); "
           f"decode {speed['model']:.0f} -> {speed['int8']:.0f} tokens/s")
-    return 0
+    return {"rows": rows, "int8_rows": [base, int8], "perplexity": ppl, "decode_tok_s": speed,
+            "paged_gain": paged["peak_running"] / contig["peak_running"], "int8_gain": gain,
+            "int8_dppl_pct": 100 * (ppl["int8"] / ppl["model"] - 1)}
 
 
 if __name__ == "__main__":
