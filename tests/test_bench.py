@@ -264,3 +264,42 @@ def test_bench_all_gathers_one_record_per_bench(monkeypatch, tmp_path):
     sim, model = rec["benches"]
     assert (sim["summary"], sim["rc"], sim["results"], "fingerprint" in sim) == ("9 req/s", 0, {"speed": 1}, False)
     assert model["rc"] == 1 and model["summary"] is None and "boom" in model["output_tail"]
+
+
+# ------------------------------------------------------------------ dtypes by measurement
+def _ceil(dtype, phase, t):
+    from labkit.bench.dtypes import Ceiling
+
+    return Ceiling(dtype, phase, {"m": 1, "n": 1, "k": 1}, t, 1 / t, 1 / t)
+
+
+def test_pick_takes_the_fastest_dtype_per_phase_only_when_clearly_faster():
+    from labkit.bench.dtypes import Ceiling, pick
+
+    amx = [_ceil("fp32", "prefill", 1.0), _ceil("bf16", "prefill", 0.13), _ceil("fp16", "prefill", 0.9),
+           _ceil("fp32", "decode", 1.0), _ceil("bf16", "decode", 0.95), _ceil("fp16", "decode", 1.5)]
+    assert pick(amx, "prefill") == "bf16"   # 7.7x: AMX
+    assert pick(amx, "decode") == "fp32"    # 5% faster is within the noise margin
+    assert pick(amx, "decode", margin=1.01) == "bf16"
+    emulated = [_ceil("fp32", "prefill", 1.0), _ceil("bf16", "prefill", 14.0),
+                Ceiling("fp16", "prefill", {}, float("nan"), 0.0, 0.0, "RuntimeError: not implemented")]
+    assert pick(emulated, "prefill") == "fp32"
+    with pytest.raises(ValueError, match="margin"):
+        pick(amx, "prefill", margin=0.5)
+    with pytest.raises(ValueError, match="no fp32 decode"):
+        pick(emulated, "decode")
+
+
+def test_choose_dtypes_measures_every_dtype_and_phase():
+    from labkit.bench import dtypes
+
+    choice = dtypes.choose_dtypes("cpu", repeat=1, gemm_n=32, gemv_k=64)  # tiny shapes: milliseconds
+    assert {(c.dtype, c.phase) for c in choice.ceilings} == {(d, p) for d in dtypes.DTYPES for p in dtypes.PHASES}
+    assert choice.prefill in dtypes.DTYPES and choice.decode in dtypes.DTYPES
+    assert choice.speedup("fp32", "decode") == 1.0 and "<- picked" in choice.table()
+    with pytest.raises(ValueError, match="fp32"):
+        dtypes.choose_dtypes("cpu", dtypes=("bf16",))
+    with pytest.raises(ValueError, match="phase 'train'"):
+        dtypes.probe_shape("train")
+    with pytest.raises(ValueError, match="dtype 'int4'"):
+        dtypes.measure_ceiling("int4", "decode")
