@@ -89,10 +89,15 @@ def to_hf(model: Transformer):
 
 def decode_rate(run: Callable[[int], object], batch: int, new_tokens: int, repeat: int,
                 device: torch.device | str = "cpu") -> dict[str, float]:
-    """tokens/s and s/step of decode, from t(N) − t(1) (seconds, median of `repeat`)."""
+    """tokens/s and s/step of decode, from t(N) − t(1) (seconds, median of `repeat`).
+
+    When load from other processes makes t(N) <= t(1) the difference says nothing: the
+    rates come back NaN (shown as such) rather than as an absurd number."""
     t_n = measure(lambda: run(new_tokens), warmup=1, repeat=repeat, device=device).median
     t_1 = measure(lambda: run(1), warmup=1, repeat=max(3, repeat), device=device).median
-    step = max(t_n - t_1, 1e-9) / (new_tokens - 1)
+    if t_n <= t_1:
+        return {"tok_s": float("nan"), "step_s": float("nan"), "total_s": t_n}
+    step = (t_n - t_1) / (new_tokens - 1)
     return {"tok_s": batch / step, "step_s": step, "total_s": t_n}
 
 
