@@ -12,12 +12,14 @@ needs no model of what the hardware moves.
 An earlier version compared labkit with numpy's ``a = b + s*c``, which numpy runs in two
 passes, and converted both into "actual traffic" with a write-allocate model (labkit
 4 x 8 B per element, numpy 6 x 8 B). That model holds on the AMD EPYC here but not on an
-Intel Xeon with a 480 MiB L3 (ratio 0.843, a false FAIL): one core's DRAM bandwidth is
-bound by outstanding *reads* (write-backs drain asynchronously), so the 2-pass kernel's
-write bytes cost less than its read bytes; and a working set only 4 x LLC leaves part of
-numpy's temporary in that large cache between its two passes. Whatever the cause, a
-traffic model is a guess about the hardware; comparing one access pattern with the same
-access pattern is not. The 2-pass numpy figures are still printed, for information.
+Intel Xeon with a 480 MiB L3 (ratio 0.843, a false FAIL). Likely causes, not verified on
+that machine: one core's DRAM bandwidth is bound by outstanding *reads* (write-backs drain
+asynchronously), so the 2-pass kernel's write bytes cost less than its read bytes; a
+working set only 4 x LLC leaves part of numpy's temporary in that large cache between its
+two passes; 0.843 is also what non-temporal stores in numpy's first pass would give
+(5 x 8 B moved, not 6). Whatever the cause, a traffic model is a guess about the
+hardware; comparing one access pattern with the same access pattern is not. The 2-pass
+numpy figures are still printed, for information.
 
 Fair on both sides: numpy's elementwise ops are single-threaded, so labkit's triad runs
 with ``torch.set_num_threads(1)`` (its all-threads figure is printed too); outputs are
