@@ -232,7 +232,8 @@ EXERCISES: dict[str, Exercise] = {e.name: e for e in [
              "Cosine + guard: pick the threshold that reuses as many answers as possible while every threshold "
              "from it up keeps hit precision >= {target:.0%}.", ("rows", "target"),
              _safe_threshold, _safe_and_useful,
-             "Read the precision curve from the right: go left until it first drops under the target line.",
+             "In the plot's top panel, follow the guard's curve from the right: go left until wrong hits first rise "
+             "above the dotted line; the threshold just before that is the lowest safe one.",
              "below it some false hit slips through; above it you give up paraphrases that were safe to reuse",
              _threshold_detail),
     Exercise("knee_level", "08_p99_and_load",

@@ -27,6 +27,16 @@ def tidy_log_axes(ax) -> Any:
     return ax
 
 
+def caption(ax, text: str, width: int = 110) -> Any:
+    """Put `text` under the figure of `ax` as a caption (wrapped at `width` characters); returns `ax`.
+    The inline backend saves with a tight bounding box, so the caption is kept."""
+    import textwrap
+
+    fig = ax.figure
+    fig.text(0.01, -0.01, textwrap.fill(text, width), ha="left", va="top", fontsize="small", color="0.25")
+    return ax
+
+
 def stream_sweep(results: Sequence[Any], llc_bytes: int, ax=None):
     """Best-repeat GB/s vs working set (log x) per STREAM op, last-level cache marked.
 
@@ -58,3 +68,39 @@ def rate_vs(results: Sequence[Any], key: str, ax=None, xlabel: str = "", title: 
     ax.set_title(title)
     ax.legend(fontsize="small")
     return ax
+
+
+def threshold_sweep(curves: dict[str, Sequence[dict]], target: float = 0.99, default: float | None = None, axes=None):
+    """Two panels against the similarity threshold, one colour per curve. Top: the share of hits
+    that are wrong (100 - hit precision, %, symlog so 1% and 2% stand apart from 50%), with the
+    target as a dotted line (below it: precision >= `target`); bottom: hit rate (% of
+    same-meaning pairs that hit). `curves`: name -> rows with "threshold", "precision",
+    "hit_rate" and "hits" (thresholds where nothing hits have no precision and are left out).
+    An optional `default` threshold is a grey vertical line. Returns the two axes."""
+    import matplotlib.pyplot as plt
+
+    if axes is None:
+        _, axes = plt.subplots(2, 1, figsize=(7, 5), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+    top, bottom = axes
+    for i, (name, rows) in enumerate(curves.items()):
+        rows = sorted(rows, key=lambda r: r["threshold"])
+        hit = [r for r in rows if r["hits"]]
+        top.plot([r["threshold"] for r in hit], [100 * (1 - r["precision"]) for r in hit], color=f"C{i}", lw=2,
+                 label=name)
+        bottom.plot([r["threshold"] for r in rows], [100 * r["hit_rate"] for r in rows], color=f"C{i}", lw=2,
+                    label=name)
+    top.axhline(100 * (1 - target), color="k", ls=":", lw=1.2,
+                label=f"{100 * (1 - target):g}% wrong = {100 * target:g}% precision")
+    top.set_yscale("symlog", linthresh=1.0)
+    top.set_ylim(0, 100)
+    top.set_yticks([0, 0.5, 1, 2, 5, 10, 20, 50, 100], ["0", "0.5", "1", "2", "5", "10", "20", "50", "100"])
+    top.set_ylabel("wrong hits\n(% of hits)")
+    bottom.set_ylabel("hit rate (% of\nsame-meaning pairs)")
+    bottom.set_ylim(0, 102)
+    bottom.set_xlabel("cosine similarity threshold (a hit needs at least this)")
+    for ax in axes:
+        if default is not None:
+            ax.axvline(default, color="0.6", lw=1, label=f"common default {default:g}")
+        ax.grid(alpha=0.3)
+    top.legend(fontsize="small", loc="lower left")
+    return axes

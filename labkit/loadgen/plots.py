@@ -7,13 +7,16 @@ from typing import Any, Sequence
 import numpy as np
 
 from labkit.loadgen.records import RequestRecord
+from labkit.plots import caption, tidy_log_axes
 
 
 def sweep_panels(rows: Sequence[dict[str, Any]], knee: dict[str, Any] | None = None, axis: str = "concurrency",
-                 axes=None):
+                 axes=None, factor: float = 2.0):
     """Left: throughput (requests/s) vs the swept level; right: p50 and p99 E2E and TTFT (s,
-    log) vs the level. The knee is marked on both."""
+    log) vs the level. `knee` (the ledger's, `labkit.sim.sweep.first_past`: the first level whose
+    p99 E2E exceeds `factor` x the lightest level's) is starred on both, with a caption."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullLocator
 
     if axes is None:
         _, axes = plt.subplots(1, 2, figsize=(11, 3.8))
@@ -25,12 +28,27 @@ def sweep_panels(rows: Sequence[dict[str, Any]], knee: dict[str, Any] | None = N
             axes[1].plot(x, [r[key][q] for r in rows], marker + style, ms=4, label=f"{q} {key.upper()}")
     axes[1].set_yscale("log")
     axes[1].set_ylabel("latency (s, log scale)")
+    base = min(rows, key=lambda r: r[axis])["e2e"]["p99"]
+    axes[1].axhline(factor * base, color="0.5", ls=":", lw=1, label=f"{factor:g}x the lightest p99 E2E")
+    if knee:
+        axes[0].plot([knee[axis]], [knee["throughput_rps"]], "r*", ms=15, zorder=4, label=f"knee ({knee[axis]:g})")
+        axes[1].plot([knee[axis]], [knee["e2e"]["p99"]], "r*", ms=15, zorder=4, label=f"knee ({knee[axis]:g})")
     for ax in axes:
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrent users" if axis == "concurrency" else "offered rate (requests/s)")
-        if knee:
-            ax.axvline(knee[axis], color="r", ls=":", lw=1.5, label=f"knee ({axis} {knee[axis]:g})")
-        ax.legend(fontsize="small")
+        ax.legend(fontsize="small", loc="upper left")
+        tidy_log_axes(ax)
+        if axis == "concurrency":  # powers of two: label the levels themselves
+            ax.set_xticks(x, [f"{v:g}" for v in x])
+            ax.xaxis.set_minor_locator(NullLocator())
+    if knee:
+        what = "users" if axis == "concurrency" else "req/s"
+        caption(axes[1], f"Star: the knee as the ledger defines it (C20), the first level ({knee[axis]:g} {what}) whose "
+                         f"p99 E2E passed the dotted line, {factor:g}x the lightest level's. Throughput there: "
+                         f"{knee['throughput_rps']:.3g} req/s; the sweep's highest: "
+                         f"{max(r['throughput_rps'] for r in rows):.3g} req/s.", width=150)
+    elif rows:
+        caption(axes[1], f"No knee: no level's p99 E2E passed {factor:g}x the lightest level's.", width=150)
     return axes
 
 
@@ -50,6 +68,7 @@ def latency_cdf(runs: dict[str, Sequence[RequestRecord]], key: str = "e2e_s", ax
     ax.set_xlabel(f"{key.removesuffix('_s').upper()} per request (s, log scale); dashed: mean, dotted: p99")
     ax.set_ylabel("fraction of requests")
     ax.legend(fontsize="small")
+    tidy_log_axes(ax)
     return ax
 
 

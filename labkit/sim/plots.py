@@ -6,8 +6,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from labkit.plots import caption, tidy_log_axes
 from labkit.sim import metrics
 from labkit.sim.result import Result
+
+# Distinct line styles and markers, so curves that coincide stay visible (a dashed line over a solid one).
+_STYLES = [dict(ls="-", lw=3.0, alpha=0.55), dict(ls="--", lw=1.6, marker="o"), dict(ls=":", lw=2.0, marker="s"),
+           dict(ls="-.", lw=1.6, marker="^"), dict(ls=(0, (5, 1, 1, 1)), lw=1.6, marker="D")]
 
 
 def _ax(ax, size=(7, 3.5)):
@@ -16,17 +21,41 @@ def _ax(ax, size=(7, 3.5)):
     return ax or plt.subplots(figsize=size)[1]
 
 
-def latency_cdf(results: dict[str, Result], key: str = "e2e", ax=None):
-    """Empirical CDF of a per-request latency (s, log x) for each named result."""
+def latency_cdf(results: dict[str, Result], key: str = "e2e", ax=None, same_within: float = 0.02):
+    """Empirical CDF of a per-request latency (s, log x) for each named result.
+
+    Each curve has its own line style and marker. Where two curves coincide (p50 and p99 within
+    `same_within`, relative), the first is drawn wide and pale underneath, the later one thin and
+    dashed on top, and the legend says "(on top of ...)"; the legend sits outside the axes."""
     ax = _ax(ax)
+    curves = {}
     for name, res in results.items():
         x = np.sort(metrics.per_request(res)[key][res.done])
-        x = x[~np.isnan(x)]
-        ax.plot(x, np.arange(1, len(x) + 1) / len(x), label=name)
+        curves[name] = x[~np.isnan(x)]
+    q = {k: (np.percentile(x, 50), np.percentile(x, 99)) for k, x in curves.items() if len(x)}
+    names = list(q)
+    twin_of = {}
+    for j, b in enumerate(names):
+        a = next((a for a in names[:j] if all(abs(u / v - 1) <= same_within for u, v in zip(q[b], q[a]))), None)
+        if a:
+            twin_of[b] = a
+    for i, name in enumerate(names):
+        x = curves[name]
+        style = dict(_STYLES[i % len(_STYLES)])
+        if name in twin_of.values():    # something lies on top of it: wide and pale underneath
+            style = dict(ls="-", lw=5.0, alpha=0.4)
+        elif name in twin_of:           # thin and dashed on top, markers shifted from the one below
+            style = dict(ls="--", lw=1.3, marker="o")
+        if "marker" in style:
+            step = max(1, len(x) // 8)
+            style.update(ms=4, mfc="none", markevery=(int(step * (i % 3) / 3), step))
+        ax.plot(x, np.arange(1, len(x) + 1) / len(x), color=f"C{i}", zorder=2 + i,
+                label=name + (f" (on top of {twin_of[name]})" if name in twin_of else ""), **style)
     ax.set_xscale("log")
     ax.set_xlabel(f"{key.upper()} per request (s, log scale)")
     ax.set_ylabel("fraction of requests")
-    ax.legend(fontsize="small")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    tidy_log_axes(ax)
     return ax
 
 
@@ -46,18 +75,38 @@ def timeline(res: Result, ax=None, window: tuple[float, float] | None = None):
     return ax
 
 
-def sweep_curve(rows: Sequence[dict[str, Any]], knee: dict | None = None, ax=None):
-    """Throughput (req/s) against p99 E2E latency (s), one point per offered rate; knee marked."""
+def sweep_curve(rows: Sequence[dict[str, Any]], knee: dict | None = None, ax=None, comfort: dict | None = None,
+                factor: float = 2.0):
+    """Throughput (req/s) against p99 E2E latency (s, log), one point per offered rate (labels).
+
+    `knee`: the ledger's knee (`labkit.sim.sweep.first_past`: the first rate whose p99 E2E exceeds
+    `factor` x the lightest rate's), a star; `comfort` (optional): the last rate still inside the
+    bound (`labkit.sim.sweep.knee`), a diamond. A caption under the plot says which is which."""
     ax = _ax(ax)
     x = [r["throughput_rps"] for r in rows]
     y = [r["e2e"]["p99"] for r in rows]
-    ax.plot(x, y, "o-", label="load sweep")
+    ax.plot(x, y, "o-", label="load sweep", zorder=2)
     for r in rows:
-        ax.annotate(f"{r['rate']:.3g}", (r["throughput_rps"], r["e2e"]["p99"]), fontsize=7)
+        ax.annotate(f"{r['rate']:.3g}", (r["throughput_rps"], r["e2e"]["p99"]), textcoords="offset points",
+                    xytext=(4, -10), fontsize=7)
+    base = min(rows, key=lambda r: r["rate"])["e2e"]["p99"]
+    ax.axhline(factor * base, color="0.5", ls=":", lw=1, label=f"{factor:g}x the lightest rate's p99")
+    text = []
+    if comfort:
+        ax.plot([comfort["throughput_rps"]], [comfort["e2e"]["p99"]], "D", color="C2", ms=8, zorder=3,
+                label="last comfortable rate")
+        text.append(f"Diamond: the last offered rate ({comfort['rate']:.3g} req/s) that kept throughput >= 90% of the "
+                    f"offered rate and p99 within {factor:g}x the lightest.")
     if knee:
-        ax.plot([knee["throughput_rps"]], [knee["e2e"]["p99"]], "r*", ms=14, label="knee")
+        ax.plot([knee["throughput_rps"]], [knee["e2e"]["p99"]], "r*", ms=15, zorder=4, label="knee (ledger)")
+        text.append(f"Star: the knee as the ledger defines it, the first offered rate ({knee['rate']:.3g} req/s) whose "
+                    f"p99 E2E passed the dotted line ({factor:g}x the lightest rate's). Throughput there: "
+                    f"{knee['throughput_rps']:.3g} req/s; the sweep's highest: {max(x):.3g} req/s.")
     ax.set_yscale("log")
-    ax.set_xlabel("throughput (requests/s); labels: offered rate")
+    ax.set_xlabel("throughput (requests/s); labels: offered rate (req/s)")
     ax.set_ylabel("p99 E2E latency (s, log scale)")
     ax.legend(fontsize="small")
+    tidy_log_axes(ax)
+    if text:
+        caption(ax, " ".join(text))
     return ax
