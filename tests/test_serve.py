@@ -3,6 +3,7 @@ format, and the real HTTP server under load (openai client, 429s, disconnects, s
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import random
 import time
@@ -17,6 +18,7 @@ from labkit.model import KVCache, Transformer, generate, load_tiny
 from labkit.serve import (BlockManager, Engine, EngineClosed, EngineConfig, PagedKVCache, QueueFull, ServerConfig,
                           start_server)
 from labkit.serve import cli as serve_cli
+from labkit.serve.engine import EngineSettings
 from labkit.serve import metrics as metrics_mod
 from labkit.serve import protocol
 from labkit.serve.blocks import OutOfBlocks
@@ -315,6 +317,25 @@ def test_cli_parser_round_trips_the_config():
         parser.parse_args(["serve", "--policy", "fastest"])
     with pytest.raises(ValueError, match="cache"):
         ServerConfig(cache="lru")
+
+
+def _not_default(f: dataclasses.Field):
+    """A valid value for setting `f` other than its default."""
+    if "choices" in f.metadata:
+        return next(c for c in f.metadata["choices"] if c != f.default)
+    if f.default is None:  # kv_blocks
+        return 3
+    return f.default * 2 if isinstance(f.default, float) else f.default + 1
+
+
+def test_every_engine_setting_reaches_the_engine_from_the_cli():
+    parser = argparse.ArgumentParser(prog="labkit")
+    serve_cli.add_parser(parser.add_subparsers(dest="command"))
+    wanted = {f.name: _not_default(f) for f in dataclasses.fields(EngineSettings)}
+    assert all(wanted[f.name] != f.default for f in dataclasses.fields(EngineSettings))
+    args = parser.parse_args(["serve", *(a for k, v in wanted.items() for a in (f"--{k.replace('_', '-')}", str(v)))])
+    assert "eos_id" not in vars(args), "eos_id is the tokenizer's, not a flag"
+    assert dataclasses.asdict(serve_cli.config_from_args(args).engine_config(eos_id=7)) == dict(wanted, eos_id=7)
 
 
 # ====================================================================== the real server

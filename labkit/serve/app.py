@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.background import BackgroundTask
 
 from labkit.serve import protocol, spans, surface
-from labkit.serve.engine import Engine, EngineClosed, Event, QueueFull
+from labkit.serve.engine import Engine, EngineClosed, Event, InvalidRequest, QueueFull
 from labkit.serve.protocol import BadRequest, CompletionRequest, Reply
 
 log = logging.getLogger("labkit.serve")
@@ -76,7 +76,8 @@ class Service:
     async def prompt_ids(self, req: CompletionRequest) -> tuple[list[int], dict[str, float]]:
         """The prompt's token ids, built off the event loop (tokenizing a large prompt, or the
         pre-processing stage, must not stall other streams), and the spans (s) it took:
-        "preprocess" (the stage, waiting for a worker thread included) or "tokenize"."""
+        "preprocess" (the stage, waiting for a worker thread included) or "tokenize". Raises
+        InvalidRequest (naming the field) when the engine could not serve them as asked."""
         use_stage = self.stage is not None and isinstance(req.prompt, str) and not req.chat
 
         def build() -> list[int]:
@@ -93,27 +94,14 @@ class Service:
         took = time.monotonic() - t0
         if use_stage:
             self.metrics.observe(preprocess=took)
-        self.check_prompt(req, ids)
+        # The engine's checks, before any model work (max_tokens 0: the prompt alone, as chat fills it
+        # in surface.prepare and an echo-only request never reaches the engine).
+        self.engine.check(ids, req.max_tokens or None)
         return ids, ({"preprocess": took} if use_stage else {"tokenize": took})
 
     def waiting(self) -> int:
         """Requests waiting: in pre-processing or tokenization, or queued for the engine."""
         return self.preparing + self.engine.queue_depth
-
-    def check_prompt(self, req: CompletionRequest, ids: list[int]) -> None:
-        """BadRequest naming the field when `ids` cannot be served as asked."""
-        cfg = self.engine.cfg
-        if not ids:
-            raise BadRequest("'prompt' must hold at least 1 token", "prompt")
-        if isinstance(req.prompt, list) and not all(0 <= t < self.engine.vocab for t in ids):
-            raise BadRequest(f"'prompt' token ids must lie in [0, {self.engine.vocab})", "prompt")
-        if len(ids) >= cfg.max_model_len:
-            raise BadRequest(f"'prompt' is {len(ids)} tokens; at most {cfg.max_model_len - 1} allowed "
-                             f"(max_model_len {cfg.max_model_len} includes the output)", "prompt")
-        if req.max_tokens > cfg.max_model_len - len(ids):
-            raise BadRequest(f"'max_tokens' is {req.max_tokens}; with a {len(ids)}-token prompt at most "
-                             f"{cfg.max_model_len - len(ids)} allowed (max_model_len {cfg.max_model_len})",
-                             "max_tokens")
 
 
 def create_app(service: Service) -> FastAPI:
@@ -163,6 +151,9 @@ def create_app(service: Service) -> FastAPI:
         except BadRequest as e:
             metrics.count("invalid")
             return JSONResponse(e.body(), status_code=e.status)
+        except InvalidRequest as e:
+            metrics.count("invalid")
+            return _invalid(e)
         reply = Reply(service.model_name, req, ids, service.tok)
         early = await surface.prepare(service, req, ids, reply)  # echo logprobs; max_tokens 0 ends here
         if early is not None:
@@ -187,9 +178,9 @@ def create_app(service: Service) -> FastAPI:
             metrics.count("rejected")
             return JSONResponse(protocol.error_body(str(e), "service_unavailable"), status_code=503,
                                 headers={"Retry-After": str(RETRY_AFTER_S)})
-        except ValueError as e:  # the engine's own checks (KV capacity)
+        except InvalidRequest as e:
             metrics.count("invalid")
-            return JSONResponse(protocol.error_body(str(e), "invalid_request_error", "max_tokens"), status_code=400)
+            return _invalid(e)
         detok = protocol.Output(service.tok, req, reply, handle, skip={engine.cfg.eos_id})
         reply.spans = lambda: spans.request_spans(t0, before, handle, time.monotonic())
 
@@ -203,6 +194,11 @@ def create_app(service: Service) -> FastAPI:
         return await _complete(engine, handle, queue, request, reply, detok, store)
 
     return app
+
+
+def _invalid(e: InvalidRequest) -> JSONResponse:
+    """The engine's refusal as OpenAI's 400 error naming the field."""
+    return JSONResponse(protocol.error_body(str(e), "invalid_request_error", e.field), status_code=400)
 
 
 def _full(reply: Reply, text: str, reason: str, use: dict[str, int], **kw: Any) -> JSONResponse:

@@ -37,7 +37,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from labkit.model.generate import SamplingParams, sample
-from labkit.model.kv_quant import check_kv_dtype
+from labkit.model.kv_quant import KV_DTYPES, check_kv_dtype
 from labkit.serve.blocks import RESERVE, BlockManager
 from labkit.serve.logprobs import token_logprob
 from labkit.serve.metrics import Metrics
@@ -58,32 +58,39 @@ class EngineClosed(RuntimeError):
     """The engine is shutting down and takes no new requests (HTTP 503)."""
 
 
-@dataclasses.dataclass
-class EngineConfig:
-    """policy: a `labkit.sim.schedulers` name. max_batch: sequences running at once.
-    max_queue: requests waiting for admission before `submit` raises QueueFull.
-    block_size: tokens per KV block. kv_blocks: blocks in the pool (None: enough for
-    max_batch sequences of max_model_len tokens). kv_dtype: "model" | "int8".
-    kv_reserve: "on_demand" (paged) | "max_len" (reserve max_model_len at admission).
-    max_model_len: prompt + output tokens one request may reach. watermark: share of
-    blocks kept free at admission. max_wait (s): how long static/dynamic wait to fill a
-    batch. token_budget: tokens per step for "chunked". eos_id: token that ends a
-    sequence (None: only max_tokens does). seed: base of unseeded requests' generators.
-    """
+class InvalidRequest(ValueError):
+    """A request the engine cannot serve as asked (HTTP 400); `field` names the offending
+    argument: "prompt", "max_tokens", "temperature", ..."""
 
-    policy: str = "continuous"
-    max_batch: int = 16
-    max_queue: int = 64
-    block_size: int = 16
-    kv_blocks: int | None = None
-    kv_dtype: str = "model"
-    kv_reserve: str = "on_demand"
-    max_model_len: int = 512
-    watermark: float = 0.01
-    max_wait: float = 0.05
-    token_budget: int = 512
-    eos_id: int | None = None
-    seed: int = 0
+    def __init__(self, message: str, field: str):
+        super().__init__(message)
+        self.field = field
+
+
+def setting(default: Any, help: str, **meta: Any) -> Any:
+    """A config field with its `labkit serve --help` text (and, in `meta`, the flag's `choices`,
+    or its `type` where the default is None) next to it."""
+    return dataclasses.field(default=default, metadata={"help": help, **meta})
+
+
+@dataclasses.dataclass
+class EngineSettings:
+    """The engine's settings, each a `labkit serve` flag (`ServerConfig` inherits them)."""
+
+    policy: str = setting("continuous", f"batching policy: {' | '.join(POLICIES)}", choices=POLICIES)
+    max_batch: int = setting(16, "sequences running at once")
+    max_queue: int = setting(64, "requests waiting for admission before 429 (submit raises QueueFull)")
+    block_size: int = setting(16, "tokens per KV block")
+    kv_blocks: int | None = setting(None, "KV blocks in the pool (default: max_batch x max_model_len worth)",
+                                    type=int)
+    kv_dtype: str = setting("model", f"KV storage: {' | '.join(KV_DTYPES)}", choices=KV_DTYPES)
+    kv_reserve: str = setting("on_demand", "on_demand (paged growth) | max_len (reserve max_model_len at "
+                              "admission)", choices=RESERVE)
+    max_model_len: int = setting(512, "prompt + output tokens one request may reach")
+    watermark: float = setting(0.01, "share of KV blocks kept free at admission")
+    max_wait: float = setting(0.05, "static/dynamic batching: seconds to wait for a full batch")
+    token_budget: int = setting(512, "chunked policy: tokens per step")
+    seed: int = setting(0, "base seed of requests that give none")
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -103,6 +110,14 @@ class EngineConfig:
         if self.kv_blocks is not None:
             return self.kv_blocks
         return self.max_batch * -(-self.max_model_len // self.block_size)
+
+
+@dataclasses.dataclass
+class EngineConfig(EngineSettings):
+    """The settings plus `eos_id`, the token that ends a sequence (None: only max_tokens does);
+    it is the tokenizer's, so no flag sets it."""
+
+    eos_id: int | None = None
 
 
 class Request:
@@ -207,25 +222,14 @@ class Engine:
                arrival: float | None = None, tag: Any = None, logprobs: int | None = None) -> Request:
         """Queue a request: `prompt_ids` (token ids), up to `max_tokens` new tokens.
 
-        Raises ValueError for bad arguments (naming the argument), QueueFull when
-        `max_queue` requests already wait, EngineClosed while shutting down. `arrival`
+        Raises InvalidRequest for bad arguments (`check`; `.field` names the argument), QueueFull
+        when `max_queue` requests already wait, EngineClosed while shutting down. `arrival`
         (time.monotonic() s) defaults to now; `tag` is carried along for the caller."""
-        ids = [int(t) for t in prompt_ids]
-        if not ids:
-            raise ValueError("prompt must hold at least 1 token")
-        if min(ids) < 0 or max(ids) >= self.vocab:
-            raise ValueError(f"prompt token ids must lie in [0, {self.vocab}), got {min(ids)}..{max(ids)}")
-        limit = self.cfg.max_model_len
-        if len(ids) >= limit:
-            raise ValueError(f"prompt of {len(ids)} tokens is too long: at most {limit - 1} tokens "
-                             f"(max_model_len {limit} leaves room for 1 new token)")
-        if not (isinstance(max_tokens, int) and 1 <= max_tokens <= limit - len(ids)):
-            raise ValueError(f"max_tokens={max_tokens!r} not allowed for a {len(ids)}-token prompt: "
-                             f"allowed 1..{limit - len(ids)} (max_model_len {limit})")
-        why = self.kv.fits_alone(len(ids) + max_tokens)
-        if why:
-            raise ValueError(f"request cannot fit the KV cache: {why}")
-        sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
+        ids = self.check(prompt_ids, max_tokens)
+        try:
+            sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
+        except ValueError as e:  # its message starts with the argument: "top_p=1.5 must lie in (0, 1]"
+            raise InvalidRequest(str(e), str(e).partition("=")[0]) from e
         with self._lock:
             if self._closing:
                 raise EngineClosed("the server is shutting down")
@@ -244,6 +248,30 @@ class Engine:
             self.metrics.count("accepted")
             self._lock.notify()
         return req
+
+    def check(self, prompt_ids: Sequence[int], max_tokens: int | None) -> list[int]:
+        """`prompt_ids` as a list if this engine can serve them with up to `max_tokens` new tokens
+        (None: the prompt alone, leaving room for 1 token), else InvalidRequest naming the field."""
+        ids = [int(t) for t in prompt_ids]
+        limit = self.cfg.max_model_len
+        if not ids:
+            raise InvalidRequest("prompt must hold at least 1 token", "prompt")
+        if min(ids) < 0 or max(ids) >= self.vocab:
+            raise InvalidRequest(f"prompt token ids must lie in [0, {self.vocab}), got {min(ids)}..{max(ids)}",
+                                 "prompt")
+        if len(ids) >= limit:
+            raise InvalidRequest(f"prompt of {len(ids)} tokens is too long: at most {limit - 1} tokens allowed "
+                                 f"(max_model_len {limit} includes the output)", "prompt")
+        if max_tokens is None:
+            return ids
+        if not (isinstance(max_tokens, int) and 1 <= max_tokens <= limit - len(ids)):
+            raise InvalidRequest(f"max_tokens={max_tokens!r} not allowed for a {len(ids)}-token prompt: "
+                                 f"allowed 1..{limit - len(ids)} (max_model_len {limit})", "max_tokens")
+        why = self.kv.fits_alone(len(ids) + max_tokens)
+        if why:
+            raise InvalidRequest(f"max_tokens={max_tokens} with a {len(ids)}-token prompt cannot fit the KV "
+                                 f"cache: {why}", "max_tokens")
+        return ids
 
     def cancel(self, req: Request, reason: str = "cancelled") -> None:
         """Stop `req` (the client went away; or "stop": a stop string ended it, which counts as

@@ -30,9 +30,9 @@ from typing import Any
 
 import torch
 
-from labkit.serve.engine import POLICIES, Engine, EngineConfig
+from labkit.serve.engine import Engine, EngineConfig, EngineSettings, setting
 from labkit.serve.metrics import parse_prometheus
-from labkit.serve.preprocess import StageConfig
+from labkit.serve.preprocess import IMPLEMENTATIONS, StageConfig
 from labkit.serve.surface import DEFAULT_MAX_BODY_BYTES
 
 log = logging.getLogger("labkit.serve")
@@ -41,46 +41,34 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclasses.dataclass
-class ServerConfig:
-    """Everything `labkit serve` takes. Engine fields as in `EngineConfig`; `threads`: torch
-    intra-op threads in the server process (1 leaves the other cores to a load generator);
-    `cache`: None | "exact" | "semantic" result cache (`labkit.serve.cache`); `drain_s`: how
-    long shutdown lets requests in flight finish (s); `device`: "auto" | "cpu" | "cuda" ...
-    `port` 0 picks a free port. `api_key`: bearer key every endpoint but /health, /metrics and
-    /version asks for (None: none); `served_model_name`: the model id clients send and see
-    (None: the preset's name); `max_body_bytes`: larger request bodies get 413 (bytes).
-    `preprocess`: the pre-processing stage text prompts of /v1/completions go through, "off"
-    | "global_lock" | "per_thread" (`labkit.serve.preprocess`); `rerank_k`: its candidates."""
+class ServerConfig(EngineSettings):
+    """Everything `labkit serve` takes: the engine's settings (`EngineSettings`) and the
+    server's own, each with its help text."""
 
-    preset: str = "tiny"
-    policy: str = "continuous"
-    port: int = 8000
-    host: str = "127.0.0.1"
-    max_batch: int = 16
-    max_queue: int = 64
-    block_size: int = 16
-    kv_blocks: int | None = None
-    kv_dtype: str = "model"
-    kv_reserve: str = "on_demand"
-    max_model_len: int = 512
-    threads: int = 1
-    cache: str | None = None
-    max_wait: float = 0.05
-    token_budget: int = 512
-    watermark: float = 0.01
-    drain_s: float = 5.0
-    device: str = "auto"
-    seed: int = 0
-    log_level: str = "warning"
-    api_key: str | None = None
-    served_model_name: str | None = None
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    preprocess: str = "off"
-    rerank_k: int = 4
+    preset: str = setting("tiny", "model preset: tiny (the trained checkpoint) or a random-weight shape "
+                          "(small, 1b, 7b)")
+    port: int = setting(8000, "TCP port (0 = any free port)")
+    host: str = setting("127.0.0.1", "address to bind (default 127.0.0.1, loopback only)")
+    threads: int = setting(1, "torch intra-op threads in the server process (0 = torch's default; 1 leaves "
+                           "the other cores to a load generator)")
+    cache: str | None = setting(None, f"result cache: {' | '.join(CACHES)} (default none; labkit.serve.cache)",
+                                type=str, choices=CACHES)
+    drain_s: float = setting(5.0, "seconds shutdown lets requests in flight finish")
+    device: str = setting("auto", "auto | cpu | cuda | mps")
+    log_level: str = setting("warning", "debug | info | warning | error")
+    api_key: str | None = setting(None, "require 'Authorization: Bearer KEY' (401 otherwise) on all but "
+                                  "/health, /metrics, /version", type=str)
+    served_model_name: str | None = setting(None, "model id clients send and /v1/models lists (default: the "
+                                            "preset's name)", type=str)
+    max_body_bytes: int = setting(DEFAULT_MAX_BODY_BYTES, "request bodies larger than this get 413, unread (bytes)")
+    preprocess: str = setting("off", "pre-processing stage for text prompts of /v1/completions (retrieve, "
+                              "rerank, template; labkit.serve.preprocess): off | global_lock (one shared "
+                              "buffer, one process-wide lock) | per_thread (a buffer per worker thread)",
+                              choices=IMPLEMENTATIONS)
+    rerank_k: int = setting(4, "pre-processing: BM25 candidates the reranker scores with the model")
 
     def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy {self.policy!r} unknown; choose one of {', '.join(POLICIES)}")
+        super().__post_init__()
         if self.cache is not None and self.cache not in CACHES:
             raise ValueError(f"cache {self.cache!r} unknown; choose None or one of {', '.join(CACHES)}")
         StageConfig(self.preprocess, rerank_k=self.rerank_k)  # raises naming the choices
@@ -98,11 +86,9 @@ class ServerConfig:
                 raise ValueError(f"{name} must be a non-empty printable string or None, got {v!r}")
 
     def engine_config(self, eos_id: int | None) -> EngineConfig:
-        return EngineConfig(policy=self.policy, max_batch=self.max_batch, max_queue=self.max_queue,
-                            block_size=self.block_size, kv_blocks=self.kv_blocks, kv_dtype=self.kv_dtype,
-                            kv_reserve=self.kv_reserve, max_model_len=self.max_model_len,
-                            watermark=self.watermark, max_wait=self.max_wait, token_budget=self.token_budget,
-                            eos_id=eos_id, seed=self.seed)
+        """The engine's settings from this config, with the tokenizer's `eos_id`."""
+        settings = {f.name: getattr(self, f.name) for f in dataclasses.fields(EngineSettings)}
+        return EngineConfig(**settings, eos_id=eos_id)
 
     def to_args(self) -> list[str]:
         """The `labkit serve` command-line arguments for this config."""
