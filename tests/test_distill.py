@@ -145,3 +145,12 @@ def test_every_order_delivers_the_same_final_architecture():
 def test_pareto_front_keeps_only_undominated_points():
     rows = [{"tok_s": 10, "ppl": 50}, {"tok_s": 20, "ppl": 60}, {"tok_s": 5, "ppl": 55}, {"tok_s": 30, "ppl": 40}]
     assert pareto_front(rows) == [{"tok_s": 30, "ppl": 40}]
+
+
+def test_prune_jumps_reads_each_orders_prune_step():
+    from labkit.distill.experiments import prune_jumps
+
+    rows = [{"order": "D→P→Q", "op": "teacher", "ppl": 30.0}, {"order": "D→P→Q", "op": "distill", "ppl": 40.0},
+            {"order": "D→P→Q", "op": "prune + recover", "ppl": 60.0}, {"order": "P→D→Q", "op": "teacher", "ppl": 30.0},
+            {"order": "P→D→Q", "op": "prune + recover", "ppl": 33.0}]
+    assert prune_jumps(rows) == {"D→P→Q": 1.5, "P→D→Q": pytest.approx(1.1)}

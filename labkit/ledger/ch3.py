@@ -273,7 +273,8 @@ def predict_c9(cfg: Any, batch: int, seq: int) -> Prediction:
     return Prediction.of("C9", f"with autograd on a forward keeps ~{b['saved'] / 2**20:.0f} MiB of activations; "
                                f"under inference_mode ~{b['live'] / 2**20:.0f} MiB are live at once "
                                f"(~{b['saved'] / b['live']:.1f}x less)",
-                         **{"saved (train)": (b["saved"] / 2**20, "MiB"), "live (inference)": (b["live"] / 2**20, "MiB"),
+                         **{"saved (train)": (b["saved"] / 2**20, "MiB"),
+                            "live (inference)": (b["live"] / 2**20, "MiB"),
                             "predicted ratio": (b["saved"] / b["live"], "x")})
 
 

@@ -291,6 +291,10 @@ def c11_perplexities(model: Transformer, train: torch.Tensor, valid: torch.Tenso
         sm = smooth(planted, stats, alpha)
         scales = calibrate(collect_act_stats(sm, train, n_windows=calib_windows), "minmax")
         out[f"outliers SmoothQuant a={alpha:g}"] = ppl(quantize_model(sm, "int8", act_mode="tensor", act_scales=scales))
+    # finer scales, for comparison: one per token (computed at run time), one per channel (calibrated)
+    out["outliers W8A8 per-token (dynamic)"] = ppl(quantize_model(planted, "int8", act_mode="token"))
+    out["outliers W8A8 per-channel (static)"] = ppl(quantize_model(planted, "int8", act_mode="channel",
+                                                                   act_scales=calibrate(stats, "minmax", "channel")))
     minmax = calibrate(stats, "minmax")
     scan = sensitivity_scan(planted, train, "int8", min(windows, calib_windows), act_mode="tensor", act_scales=minmax)
     kept = sensitive_layers(scan, sensitive_pct)
