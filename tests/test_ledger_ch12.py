@@ -191,6 +191,8 @@ def test_intensity_sweep_rows_have_the_analytic_intensity(one_thread):
     for r in rows:  # 2 n w FLOP over (2 n + w^2) x 4 bytes ~ w / 4 FLOP/B
         assert r.intensity == pytest.approx(r.shape["width"] / 4, rel=0.01)
         assert r.best_flop_per_s > 0
+    with pytest.raises(ValueError, match="int8"):
+        intensity_sweep("cpu", [4], nbytes=2**20, dtype="int8")
 
 
 # ------------------------------------------------------------------------------- C5
@@ -271,3 +273,14 @@ def test_perf_event_attr_layout_and_a_software_counter():
         assert counters._value(fd) > 0
     finally:
         os.close(fd)
+
+
+def test_c2_measure_serves_every_path_interleaved(one_thread):
+    from labkit import pipeline
+    from labkit.model import load_tiny
+
+    paths = ch1.measure_c2(load_tiny("cpu"), ["Who is Falstaff?"], max_new_tokens=2, n_docs=50, warmup=0)
+    assert set(paths) == set(pipeline.standard_configs())
+    shares = {name: pipeline.breakdown(p.spans) for name, p in paths.items()}
+    assert all(s["pre"] + s["model"] + s["post"] == pytest.approx(100.0) for s in shares.values())
+    assert ch1.judge_c2(ch1.predict_c2(), shares).outcome in (HOLDS, FAILS)

@@ -12,7 +12,7 @@ import torch
 from labkit import device as _device
 from labkit import timing
 from labkit.bench import zoo
-from labkit.bench.core import Result, run_kernel
+from labkit.bench.core import Result, _precision, run_kernel
 from labkit.device import Telemetry, TelemetryTrace
 
 
@@ -80,12 +80,18 @@ def streamed_gemm_flops_bytes(n: int, width: int, itemsize: int) -> tuple[float,
 
 
 def intensity_sweep(device: torch.device | str, widths: list[int], *, nbytes: int, dtype: str = "fp32",
-                    repeat: int = 3, max_call_s: float = 0.5) -> list[Result]:
+                    repeat: int = 3, max_call_s: float = 0.5, seed: int = 0) -> list[Result]:
     """C4's kernel of tunable intensity: an array of `nbytes` (in + out, sized past the
     last-level cache) streamed once through a matmul with a small width x width matrix.
     Every element loaded meets `width` multiply-adds while it sits in registers or cache,
     so intensity ~ width / itemsize FLOP/B. One `Result` per width (ascending), stopping
-    before a call is predicted to take more than `max_call_s` s (FLOPs grow with width)."""
+    before a call is predicted to take more than `max_call_s` s (FLOPs grow with width).
+    Floating-point dtypes only (fp32, tf32, bf16, fp16, fp64)."""
+    if dtype not in zoo.DTYPES or dtype == "int8":
+        raise ValueError(f"dtype {dtype!r} is not a floating-point labkit dtype; choose one of "
+                         f"{', '.join(d for d in zoo.DTYPES if d != 'int8')}")
+    if not widths or min(widths) < 1:
+        raise ValueError(f"widths must be a non-empty list of integers >= 1, got {widths!r}")
     dev = _device.pick(device)
     size = zoo.itemsize(dtype)
     rows: list[Result] = []
@@ -94,9 +100,11 @@ def intensity_sweep(device: torch.device | str, widths: list[int], *, nbytes: in
         flops, nb = streamed_gemm_flops_bytes(n, w, size)
         if rows and rows[-1].stats["min"] * flops / rows[-1].flops > max_call_s:
             break
-        with torch.inference_mode():
-            x = zoo._rand((n // w, w), dtype, dev)
-            m = zoo._rand((w, w), dtype, dev) / w  # keeps values bounded (no inf/denormal slow paths)
+        with torch.inference_mode(), _precision(dtype, dev):  # 'tf32' switches TF32 on
+            gen = torch.Generator(device=dev).manual_seed(seed)
+            x = torch.empty((n // w, w), dtype=zoo.DTYPES[dtype], device=dev).uniform_(-1, 1, generator=gen)
+            # entries of size ~1/w keep the outputs bounded: no inf or denormal slow paths
+            m = torch.empty((w, w), dtype=zoo.DTYPES[dtype], device=dev).uniform_(-1 / w, 1 / w, generator=gen)
             y = torch.empty_like(x)
             stats = timing.measure(lambda: torch.matmul(x, m, out=y), warmup=1, repeat=repeat, device=dev)
             del x, y

@@ -145,14 +145,25 @@ def judge_c2(prediction: Prediction, shares: Mapping[str, Mapping[str, float]], 
                   why_not="; ".join(problems), evidence=ev, tolerance=tol)
 
 
-def measure_c2(model: Any, queries: Sequence[str], max_new_tokens: int, n_docs: int | None
-               ) -> dict[str, dict[str, float]]:
-    """Pre / model / post shares (%) of every standard request path, measured now."""
+def measure_c2(model: Any, queries: Sequence[str], max_new_tokens: int, n_docs: int | None, *,
+               warmup: int = 1, seed: int = 0) -> dict[str, Any]:
+    """Serve `queries` through every standard request path (`pipeline.standard_configs`),
+    interleaved query by query so that other work on the machine slows all paths alike
+    (the claim compares their shares). Returns {path name: `pipeline.RequestPipeline`}, whose
+    `.spans` hold this run's timings (s); `warmup` untimed requests per path first."""
     from labkit import pipeline
+    from labkit.timing import Spans
 
-    configs = pipeline.standard_configs(max_new_tokens, n_docs)
-    return {name: pipeline.breakdown(pipeline.run_requests(model, list(queries), c).spans)
-            for name, c in configs.items()}
+    pipes = {name: pipeline.RequestPipeline(model, c, seed=seed)
+             for name, c in pipeline.standard_configs(max_new_tokens, n_docs).items()}
+    for pipe in pipes.values():
+        for q in list(queries)[:warmup]:
+            pipe(q)
+        pipe.spans = Spans(device=model.device)
+    for q in queries:
+        for pipe in pipes.values():
+            pipe(q)
+    return pipes
 
 
 def run_c2(size: str = "smoke", device: Any = None) -> Verdict:
@@ -164,5 +175,5 @@ def run_c2(size: str = "smoke", device: Any = None) -> Verdict:
     dev = _device.pick(device or "auto")
     P = presets.sizes("prefill_decode", size, dev)
     pred = predict_c2()
-    shares = measure_c2(load_tiny(dev), pipeline.SAMPLE_QUERIES[: P["requests"]], P["max_new_tokens"], P["n_docs"])
-    return judge_c2(pred, shares)
+    paths = measure_c2(load_tiny(dev), pipeline.SAMPLE_QUERIES[: P["requests"]], P["max_new_tokens"], P["n_docs"])
+    return judge_c2(pred, {name: pipeline.breakdown(p.spans) for name, p in paths.items()})
