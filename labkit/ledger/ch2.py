@@ -143,6 +143,7 @@ def judge_c3(prediction: Prediction, measured: Mapping[str, float] | None, knob:
 
 
 def run_c3(size: str = "smoke", device: Any = None) -> Verdict:
+    """C3 end to end with chapter 2's sizes: the knob of `compute_knob`, prediction, timing, verdict."""
     from labkit import phases
     from labkit import device as _device
 
@@ -250,6 +251,7 @@ def measure_c4(device: Any, ridge: float, nbytes: int, dtype: str = "fp32", repe
 
 
 def run_c4(size: str = "smoke", device: Any = None) -> Verdict:
+    """C4 end to end: ceilings measured now, the ridge predicted, the intensity sweep, the verdict."""
     from labkit import bench, phases
     from labkit import device as _device
 
@@ -328,6 +330,7 @@ def measure_c5(device: Any, roof: Any, gemm: Mapping[str, int], gemv: Mapping[st
 
 
 def run_c5(size: str = "smoke", device: Any = None) -> Verdict:
+    """C5 end to end: ceilings and prediction, then the counters (inconclusive where there are none)."""
     from labkit import bench, phases
     from labkit import device as _device
 
