@@ -19,7 +19,7 @@ def sweep_panels(rows: Sequence[dict[str, Any]], knee: dict[str, Any] | None = N
     from matplotlib.ticker import NullLocator
 
     if axes is None:
-        _, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+        _, axes = plt.subplots(1, 2, figsize=(12.5, 3.8))
     x = [r[axis] for r in rows]
     axes[0].plot(x, [r["throughput_rps"] for r in rows], "o-", label="completed requests/s")
     axes[0].set_ylabel("throughput (requests/s)")
@@ -36,11 +36,12 @@ def sweep_panels(rows: Sequence[dict[str, Any]], knee: dict[str, Any] | None = N
     for ax in axes:
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrent users" if axis == "concurrency" else "offered rate (requests/s)")
-        ax.legend(fontsize="small", loc="upper left")
         tidy_log_axes(ax)
         if axis == "concurrency":  # powers of two: label the levels themselves
             ax.set_xticks(x, [f"{v:g}" for v in x])
             ax.xaxis.set_minor_locator(NullLocator())
+    axes[0].legend(fontsize="small", loc="upper left")
+    axes[1].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))  # six lines: beside, not over
     if knee:
         what = "users" if axis == "concurrency" else "req/s"
         caption(axes[1], f"Star: the knee as the ledger defines it (C20), the first level ({knee[axis]:g} {what}) whose "
