@@ -26,11 +26,12 @@ def measure_roofline(device: torch.device | str = "cpu", dtype: str = "fp32", ge
                      llc_multiple: float = 4.0) -> roofline.Roofline:
     """This machine's ceilings, measured quickly: peak = one square GEMM of side `gemm_n`
     (default 4096 on a GPU, which a smaller one cannot fill, else 1024), bandwidth = the best
-    STREAM op over a working set `llc_multiple` × the last-level cache."""
+    STREAM op over a working set `llc_multiple` × the last-level cache. Both are the best of 5
+    repeats: on a shared machine a slower repeat measures the other work, not the ceiling."""
     dev = _device.pick(device)
     gemm_n = gemm_n or (4096 if dev.type == "cuda" else 1024)
     ws = int(llc_multiple * last_level_cache_bytes(dev))
-    rows = [run_kernel("gemm", dtype=dtype, device=dev, group="matmul", warmup=1, repeat=3,
+    rows = [run_kernel("gemm", dtype=dtype, device=dev, group="matmul", warmup=1, repeat=5,
                        m=gemm_n, n=gemm_n, k=gemm_n)]
     for op, arrays in (("copy", 2), ("triad", 3)):
         rows.append(run_kernel(op, dtype=dtype, device=dev, group="stream", warmup=2, repeat=5,
