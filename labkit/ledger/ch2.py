@@ -229,7 +229,9 @@ def judge_c4(prediction: Prediction, intensity: Sequence[float], flop_per_s: Seq
         if not 1 / KNEE_TOL <= got / ceiling <= KNEE_TOL:
             problems.append(f"the fitted {what} ({got:.3g} {unit}) is {100 * got / ceiling:.0f}% of the measured "
                             f"{'bandwidth' if what == 'slope' else 'peak'} ({ceiling:.3g} {unit})"
-                            + (" (other work on a shared machine slows the sweep)" if got < ceiling else ""))
+                            + (" (this kernel does not reach that ceiling here: its narrow matmuls may not "
+                               "stream at full speed, or other work slowed the sweep)" if got < ceiling else
+                               " (data served from a cache, not DRAM?)"))
     if fit["rms"] > FIT_RMS:
         problems.append(f"the points scatter {10 ** fit['rms']:.2f}x (rms) about the best two-segment fit: "
                         "not a slope-then-flat curve")
