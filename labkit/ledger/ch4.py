@@ -36,8 +36,11 @@ NO_GAIN, STRUCT_SHARE = 1.1, 0.5
 # (relative perplexity; closer than that is a tie at these budgets).
 ORDER_TOL = 0.02
 # Timed comparisons on a shared machine: at least this many repeats and interleaved rounds
-# (best round kept), whatever the preset says; a decode step here is ~10-150 ms.
-MIN_REPEAT, MIN_ROUNDS = 5, 3
+# (best round kept), whatever the preset says; a decode step here is ~5-150 ms. Measured on a
+# 2-core machine shared with other jobs, 2 rounds let one variant's best land in a busy spell
+# (C10's best int8 path moved between 1.1x and 3.4x); more short rounds give every variant
+# its quiet moment.
+MIN_REPEAT, MIN_ROUNDS = 5, 5
 # C14: "roughly doubles": measured seconds ratio in DOUBLE; "~30 %" = speed-up in
 # THIRTY (+/- 15 points); "integer multiple" = >= 2x.
 DOUBLE, THIRTY, MULTIPLE = (1.5, 2.5), (1.15, 1.45), 2.0
@@ -245,8 +248,9 @@ def order_labels(orders: list[str]) -> list[str]:
 def predict_c13(orders: list[str]) -> Prediction:
     """The claim's order should end best: distil from the full teacher, prune a trained model,
     round last, after all training."""
-    return Prediction.of("C13", f"of {', '.join(orders)}, {CLAIMED_ORDER} ends with the lowest validation perplexity "
-                                f"(or within {100 * ORDER_TOL:.0f}% of it)", orders=(len(orders), ""))
+    return Prediction.of("C13", f"{CLAIMED_ORDER} ends with the lowest validation perplexity of the {len(orders)} "
+                                f"orders ({', '.join(orders)}), or within {100 * ORDER_TOL:.0f}% of it",
+                         orders=(len(orders), ""))
 
 
 def judge_c13(prediction: Prediction, final_ppl: Mapping[str, float], claimed: str = CLAIMED_ORDER) -> Verdict:
