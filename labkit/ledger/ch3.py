@@ -80,6 +80,8 @@ def measure_c6(n_ops: int, device: Any = "cpu", repeat: int = 20) -> dict[str, f
 
 
 def run_c6(size: str = "smoke", device: Any = None) -> Verdict:
+    """C6 for `labkit ledger`: the per-op cost measured, the prediction, then a `TinyOps` chain of
+    the preset's length timed (s)."""
     from labkit import presets
     from labkit.fusion import overhead
 
@@ -172,6 +174,8 @@ def measure_c7(numel: int, device: Any = "cpu", repeat: int = 5, rounds: int = 5
 
 
 def run_c7(size: str = "smoke", device: Any = None) -> Verdict:
+    """C7 for `labkit ledger`: both chains at the preset's size, eager vs compiled; inconclusive if
+    no compiler works."""
     from labkit import presets
 
     dev = device or "cpu"
@@ -243,6 +247,7 @@ def measure_c8(batch: int = 8, channels: int = 32, hw: int = 56, inputs: int = 3
 
 
 def run_c8(size: str = "smoke", device: Any = None) -> Verdict:
+    """C8 for `labkit ledger`: a ConvBNReLU block at the preset's shape, unfolded vs folded + fused."""
     from labkit import presets
 
     dev = device or "cpu"
@@ -292,6 +297,8 @@ def judge_c9(prediction: Prediction, peaks: Mapping[str, int], method: str = "")
 
 
 def run_c9(size: str = "smoke", device: Any = None) -> Verdict:
+    """C9 for `labkit ledger`: peak tensor bytes of one forward of the preset's `mem_model`, per
+    autograd mode."""
     from labkit import presets
     from labkit.fusion import memory
     from labkit.model import Transformer

@@ -90,6 +90,8 @@ def judge_c10(prediction: Prediction, rows: list[dict], batch: int = 1) -> Verdi
 
 
 def run_c10(size: str = "smoke", device: Any = None) -> Verdict:
+    """C10 for `labkit ledger`: decode of the preset's random-init model per weight format (CPU
+    kernels; one thread in smoke)."""
     from labkit import presets
     from labkit.bench.core import threads
     from labkit.quant import experiments as qx
@@ -156,6 +158,8 @@ def judge_c11(prediction: Prediction, ppl: Mapping[str, float], kept: int | None
 
 
 def run_c11(size: str = "smoke", device: Any = None) -> Verdict:
+    """C11 for `labkit ledger`: perplexities of the trained tiny checkpoint (`c11_perplexities`),
+    one thread in smoke."""
     from labkit import presets
     from labkit.bench.core import threads
     from labkit.model import load_tiny
@@ -220,6 +224,8 @@ def c12_speedups(rows: list[dict], sparsity: float) -> tuple[float, float, float
 
 
 def run_c12(size: str = "smoke", device: Any = None) -> Verdict:
+    """C12 for `labkit ledger`: decode speed at the preset's first sparsity, dense vs kept dense /
+    CSR / structured."""
     from labkit import presets
     from labkit.bench.core import threads
     from labkit.model import ModelConfig, Transformer
@@ -289,6 +295,8 @@ def distilled(size: str = "smoke") -> dict[str, Any]:
 
 
 def run_c13(size: str = "smoke", device: Any = None) -> Verdict:
+    """C13 for `labkit ledger`: every preset order from the tiny teacher (the D step shared with C14
+    via `distilled`)."""
     from labkit.bench.core import threads
     from labkit.distill.order import run_order, summary
 
@@ -377,6 +385,8 @@ def measure_c14_decode(teacher: Any, student: Any, repeat: int = 10, rounds: int
 
 
 def run_c14(size: str = "smoke", device: Any = None) -> Verdict:
+    """C14 for `labkit ledger`: training seconds from `distilled`, then decode of teacher, int8 +
+    compiled and student."""
     d = distilled(size)
     P, cmp, teacher = d["P"], d["cmp"], d["teacher"]
     student = cmp["students"]["distilled"]
