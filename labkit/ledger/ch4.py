@@ -79,9 +79,9 @@ def judge_c10(prediction: Prediction, rows: list[dict], batch: int = 1) -> Verdi
     ev["best int8 share of prediction"] = (100 * share, "%")
     ok = PROPORTION_LO <= share <= PROPORTION_HI
     return decide(prediction, ok,
-                  why_holds=f"{best['scheme']} decoded {best[key]:.2f}x faster than fp32, {100 * share:.0f}% of the "
+                  why_holds=f"{best['scheme']} decoded {best[key]:.2f}x faster than fp32, {100 * share:.1f}% of the "
                             f"{best['predicted_speedup']:.2f}x its bytes predict",
-                  why_not=f"the best int8 path ({best['scheme']}) decoded {best[key]:.2f}x fp32: {100 * share:.0f}% of "
+                  why_not=f"the best int8 path ({best['scheme']}) decoded {best[key]:.2f}x fp32: {100 * share:.1f}% of "
                           f"the {best['predicted_speedup']:.2f}x its bytes predict, "
                           + ("so bytes are not what sets its time" if share < PROPORTION_LO
                              else "more than bytes can explain"),
