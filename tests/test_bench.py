@@ -303,3 +303,11 @@ def test_choose_dtypes_measures_every_dtype_and_phase():
         dtypes.probe_shape("train")
     with pytest.raises(ValueError, match="dtype 'int4'"):
         dtypes.measure_ceiling("int4", "decode")
+
+
+def test_bench_all_refuses_a_machine_name_that_is_not_a_folder_name():
+    from labkit import cli
+
+    args = cli.build_parser(["bench"]).parse_args(["bench", "all", "--machine", "../elsewhere"])
+    with pytest.raises(ValueError, match="--machine '../elsewhere' not allowed"):
+        args.func(args)

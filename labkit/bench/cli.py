@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import time
 
 
@@ -12,6 +13,10 @@ def run_all(args: argparse.Namespace) -> int:
     data/results/README.md). Exit status 1 if any bench failed."""
     from labkit import benchkit, paths
 
+    machine_name = getattr(args, "machine", None)
+    if machine_name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", machine_name):
+        raise ValueError(f"--machine {machine_name!r} not allowed: letters, digits, '.', '_' and '-' only "
+                         "(it names a folder under data/results/)")
     t0 = time.perf_counter()
     machine = benchkit.run_all(quick=args.quick, device=args.device, threads=getattr(args, "threads", None),
                                only=getattr(args, "only", None), timeout_s=getattr(args, "timeout", None),
@@ -19,8 +24,8 @@ def run_all(args: argparse.Namespace) -> int:
     slug = benchkit.machine_slug(machine["fingerprint"])
     out = benchkit.write_json(args.out or paths.out_dir() / "bench" / f"all-{slug}.json", machine)
     print(f"written to {out}")
-    if getattr(args, "machine", None):
-        print(f"and to {benchkit.write_json(paths.RESULTS / args.machine / 'benches.json', machine)}")
+    if machine_name:
+        print(f"and to {benchkit.write_json(paths.RESULTS / machine_name / 'benches.json', machine)}")
     failed = [b["bench"] for b in machine["benches"] if b["rc"] != 0]
     print(benchkit.summary_line("labkit.bench.all", f"{len(machine['benches']) - len(failed)} of "
                                 f"{len(machine['benches'])} benches ok" + (f"; failed: {', '.join(failed)}" if failed

@@ -40,7 +40,7 @@ def parser():
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     with benchkit.session(args) as run:
-        run.results = body(args.quick, seed)
+        run.results = body(args.quick, args.seed)
         ratio = run.results["throughput_ratio_at_target"]
         run.summary = (f"continuous/static throughput at equal p99 E2E {ratio:.1f}x (target >= 3x)"
                        if ratio == ratio else "static batching never met the p99 target in the sweep")
