@@ -80,3 +80,11 @@ def test_a_crashing_experiment_is_inconclusive_not_a_crash(monkeypatch):
     monkeypatch.setitem(claims.CLAIMS, "C1", broken)
     v = ledger_run.run_claim("C1")
     assert v.outcome == "inconclusive" and "AttributeError" in v.reason
+
+
+def test_readme_ledger_table_is_the_registry():
+    """README.md shows the ledger table generated from labkit.ledger.claims, so the two never drift."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert ledger.claims.markdown_table() in readme, "regenerate README's table: labkit.ledger.claims.markdown_table()"

@@ -3,6 +3,7 @@
 New notebooks in notebooks/ are picked up automatically. Executed copies go to build/.
 """
 
+import os
 from pathlib import Path
 
 import nbformat
@@ -38,26 +39,33 @@ def test_committed_notebook_is_clean(path):
     assert nb.metadata.get("kernelspec", {}).get("name") == notebooks.KERNEL_NAME
 
 
-def _servers() -> set[int]:
-    """Pids of `labkit serve` processes now running."""
+def _servers(marker: str) -> set[int]:
+    """Pids of `labkit serve` processes still running that this test started: they inherit
+    LABKIT_TEST_RUN=`marker` through the kernel, so other people's servers on a shared
+    machine are not counted."""
     import psutil
 
     out = set()
     for p in psutil.process_iter(["pid", "cmdline"]):
         cmd = " ".join(p.info["cmdline"] or [])
         if "labkit.serve" in cmd and "--port-file" in cmd:
-            out.add(p.info["pid"])
+            try:
+                if p.environ().get("LABKIT_TEST_RUN") == marker:
+                    out.add(p.info["pid"])
+            except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+                pass
     return out
 
 
 @pytest.mark.timeout(PER_NOTEBOOK_TIMEOUT_S)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_runs_in_smoke_mode(path, kernel):
-    before = _servers()
+def test_notebook_runs_in_smoke_mode(path, kernel, monkeypatch):
+    marker = f"{path.stem}-{os.getpid()}"
+    monkeypatch.setenv("LABKIT_TEST_RUN", marker)  # the kernel and any server it starts inherit it
     result = notebooks.run_notebook(path, BUILD, size="smoke", kernel=kernel,
                                     timeout_s=PER_NOTEBOOK_TIMEOUT_S)
     assert result.output.exists()
-    left = _servers() - before
+    left = _servers(marker)
     assert not left, f"{path.stem} left labkit serve processes running: pids {sorted(left)}"
     # Every claim this notebook owns must have been recorded through labkit.ledger.
     wanted = ledger.for_notebook(path.stem)

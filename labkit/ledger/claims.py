@@ -106,3 +106,11 @@ def claim(claim_id: str) -> Claim:
 def for_notebook(stem: str) -> list[str]:
     """Ids of the claims notebook `stem` must record a verdict for."""
     return [c.id for c in CLAIMS.values() if stem in c.notebooks]
+
+
+def markdown_table() -> str:
+    """The README's ledger table: id, chapter, the claim, and how this machine tests it
+    (tests/test_ledger.py checks that README.md holds exactly this table)."""
+    rows = ["| id | ch. | claim | how this machine tests it |", "|---|---|---|---|"]
+    rows += [f"| {c.id} | {c.chapter} | {c.words} | {c.test_here} |" for c in CLAIMS.values()]
+    return "\n".join(rows)

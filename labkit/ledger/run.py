@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     ids = parse_claims(args.claims)
     dev = _device.pick(args.device)
     fp = fingerprint(dev)
-    print(f"labkit ledger on {_device.describe(dev).name} ({dev}, {fp.get('threads', '?')} threads), "
+    print(f"labkit ledger on {_device.describe(dev).name} ({dev}, {fp['torch_threads']} torch threads), "
           f"size {args.size}, {len(ids)} claims")
     rows = []
     for cid in ids:
