@@ -222,6 +222,11 @@ def test_c22_is_inconclusive_without_completed_requests():
     assert verdicts.judge_c22(_p22(), 0.2, math.nan, 0.3, 0.4, 0.3, 0.6).outcome == ledger.INCONCLUSIVE
 
 
+def test_c22_is_inconclusive_when_the_fixed_run_filled_every_core():
+    v = verdicts.judge_c22(_p22(), 0.2, 0.5, 0.4, 0.4, 0.3, 0.6, fixed_cpu_util=0.95)
+    assert v.outcome == ledger.INCONCLUSIVE and "spare core" in v.reason
+
+
 LADDER_MET = [{"cost": "configuration", "met": False}, {"cost": "code fix", "met": True}]
 TAIL = {"preprocess": 1.6, "queue": 0.01, "prefill": 0.05, "decode": 0.2, "post": 0.0, "other": 0.0, "wire": 0.01,
         "e2e": 1.87}
@@ -242,6 +247,11 @@ def test_c21_fails_when_a_step_points_elsewhere(change):
     v = verdicts.judge_c21(verdicts.predict_c21(0.6), change.get("tail", TAIL), change.get("cpu", 0.4), 0.05,
                            change.get("lock", 0.6), change.get("ladder", LADDER_MET))
     assert v.outcome == ledger.FAILS
+
+
+def test_c21_is_inconclusive_when_the_shipped_service_met_the_slo():
+    v = verdicts.judge_c21(verdicts.predict_c21(0.6), TAIL, 0.4, 0.05, 0.6, LADDER_MET, slo_missed=False)
+    assert v.outcome == ledger.INCONCLUSIVE
 
 
 def test_c21_is_inconclusive_without_a_profile():

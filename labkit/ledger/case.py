@@ -36,8 +36,12 @@ def predict_c22(unloaded_p99_s: float, rate_rps: float, capacity_rps: float, slo
 
 
 def judge_c22(prediction: Prediction, unloaded_p99_s: float, unsafe_p99_s: float, fixed_p99_s: float,
-              unsafe_mean_s: float, fixed_mean_s: float, slo_s: float, quantized: bool = False) -> Verdict:
-    """p99 and mean E2E (s) with the stage unsafe and fixed, same rate, and unloaded."""
+              unsafe_mean_s: float, fixed_mean_s: float, slo_s: float, fixed_cpu_util: float = 0.0,
+              quantized: bool = False) -> Verdict:
+    """p99 and mean E2E (s) with the stage unsafe and fixed, same rate, and unloaded;
+    `fixed_cpu_util`: how busy the machine's cores were during the fixed run (0-1). A fix that lets
+    stages run side by side needs cores to run them on: when the fixed run already filled the
+    machine, this machine cannot tell (inconclusive)."""
     ev: dict[str, Any] = {"unloaded p99": (unloaded_p99_s, "s"), "unsafe p99": (unsafe_p99_s, "s"),
                           "fixed p99": (fixed_p99_s, "s"), "SLO": (slo_s, "s")}
     tol = (f"unsafe p99 >= {RATIO:g}x fixed p99 at the same rate (the article: ~{ARTICLE_RATIO:g}x), and the fix "
@@ -47,7 +51,13 @@ def judge_c22(prediction: Prediction, unloaded_p99_s: float, unsafe_p99_s: float
     ratio, vs_normal = unsafe_p99_s / fixed_p99_s, unsafe_p99_s / unloaded_p99_s
     ev.update({"p99 unsafe / fixed": (ratio, "x"), "p99 unsafe / unloaded": (vs_normal, "x"),
                "mean unsafe / fixed": (unsafe_mean_s / fixed_mean_s, "x"),
-               "outside ~5x (read as 3-8x)": (distance_from_range(ratio, RATIO, 8.0), "x")})
+               "outside ~5x (read as 3-8x)": (distance_from_range(ratio, RATIO, 8.0), "x"),
+               "machine CPU during the fixed run": (100 * fixed_cpu_util, "%")})
+    if fixed_cpu_util >= SATURATED and ratio < RATIO:
+        return inconclusive(prediction, f"during the fixed run the cores were {100 * fixed_cpu_util:.0f}% busy "
+                                        "(server and load generator): there is no spare core for stages to run side by side on, so this "
+                                        "machine cannot show what the lock costs (more cores, or a lighter model, can)",
+                            ev, tol)
     problems = []
     if ratio < RATIO:
         problems.append(f"the unsafe stage raised p99 only {ratio:.2f}x over the fixed one (needs >= {RATIO:g}x): here "
@@ -72,11 +82,12 @@ def predict_c21(slo_s: float) -> Prediction:
 
 
 def judge_c21(prediction: Prediction, tail_spans: dict[str, float], cpu_util: float, bw_util: float,
-              lock_share: float, ladder: Sequence[dict[str, Any]]) -> Verdict:
+              lock_share: float, ladder: Sequence[dict[str, Any]], slo_missed: bool = True) -> Verdict:
     """`tail_spans`: mean spans (s) of the slowest requests, with "e2e"; `cpu_util`: server CPU
     as a share of the cores (0-1); `bw_util`: the model's weight reads as a share of the
     measured bandwidth (0-1, NaN if unmeasured); `lock_share`: share of busy thread samples at
-    the stage's lock (0-1, NaN without a profile); `ladder`: rows of `labkit.loadgen.case.climb`."""
+    the stage's lock (0-1, NaN without a profile); `ladder`: rows of `labkit.loadgen.case.climb`;
+    `slo_missed`: did the service as shipped miss the SLO (if not, there was nothing to find)."""
     stages = {k: tail_spans.get(k, 0.0) for k in ("preprocess", "queue", "prefill", "decode", "post", "other", "wire")}
     worst = max(stages, key=stages.get)
     e2e = tail_spans.get("e2e", math.nan)
@@ -89,6 +100,9 @@ def judge_c21(prediction: Prediction, tail_spans: dict[str, float], cpu_util: fl
     tol = (f"step 1: one span >= {100 * TAIL_SHARE:.0f}% of tail E2E; step 2: CPU < {100 * SATURATED:.0f}% of cores and "
            f"weight reads < {100 * BW_CEILING:.0f}% of bandwidth; step 3: >= {100 * LOCK_SHARE:.0f}% of busy samples at "
            "that stage's lock; the ladder: a rung before compression meets the SLO")
+    if not slo_missed:
+        return inconclusive(prediction, "the service as shipped already met the SLO at this rate: there was no "
+                                        "problem for the method to find", ev, tol)
     if not math.isfinite(share):
         return inconclusive(prediction, "no completed request carried spans", ev, tol)
     if not math.isfinite(lock_share):
@@ -149,7 +163,8 @@ def run_c22(size: str = "smoke", device: Any = None) -> Verdict:
 
         with case.serve("per_thread") as srv:
             fixed = case.at_rate(srv, w["rate"], w["scenario"])
-    return judge_c22(pred, w["base"].p99, w["unsafe"].p99(), fixed.p99(), w["unsafe"].mean(), fixed.mean(), w["slo"])
+    return judge_c22(pred, w["base"].p99, w["unsafe"].p99(), fixed.p99(), w["unsafe"].mean(), fixed.mean(), w["slo"],
+                     fixed.machine_util)
 
 
 def run_c21(size: str = "smoke", device: Any = None) -> Verdict:
@@ -159,7 +174,7 @@ def run_c21(size: str = "smoke", device: Any = None) -> Verdict:
     pred = predict_c21(w["slo"])
     spans = case.span_breakdown(w["unsafe"].result.measured)
     return judge_c21(pred, spans.get("tail", {}), w["unsafe"].cpu_util, model_bw_util(w["unsafe"]),
-                     case.lock_share(w["unsafe"].stacks), w["ladder"])
+                     case.lock_share(w["unsafe"].stacks), w["ladder"], w["unsafe"].p99() > w["slo"])
 
 
 def model_bw_util(run: Any) -> float:

@@ -39,6 +39,8 @@ QUESTIONS = (
     "Why does Shylock want his bond?", "What does Hotspur think of honour?",
     "How does Iago trap Othello?", "What does Ophelia give away?",
 )
+# Candidates the case's retrieval stage reranks: a heavy RAG step, most of a request's CPU.
+RERANK_K = 8
 # The stage's code lines where a thread waits for the shared resource (`labkit.serve.preprocess`).
 LOCK_FRAME = ("serve/preprocess.py", "lock")
 
@@ -73,7 +75,8 @@ def server_config(preprocess: str, **knobs: Any) -> Any:
     otherwise, the given pre-processing implementation."""
     from labkit.serve.server import ServerConfig
 
-    return ServerConfig(**{"preset": "tiny", "port": 0, "threads": 1, "preprocess": preprocess, **knobs})
+    return ServerConfig(**{"preset": "tiny", "port": 0, "threads": 1, "preprocess": preprocess, "rerank_k": RERANK_K,
+                           **knobs})
 
 
 def serve(preprocess: str, **knobs: Any) -> Any:
@@ -105,7 +108,8 @@ def _cpu_s(pid: int) -> float:
 @dataclasses.dataclass
 class Run:
     """One load run: the result, its wall time (s), and what the server's process used:
-    CPU seconds, utilisation of the machine's cores (0-1), engine steps, tokens."""
+    CPU seconds, utilisation of the machine's cores (0-1), engine steps, tokens; and how
+    busy the whole machine was (`machine_util`, 0-1: the load generator shares it)."""
 
     result: LoadResult
     wall_s: float
@@ -114,6 +118,7 @@ class Run:
     steps: int
     tokens: int
     stacks: dict[str, Any] | None = None
+    machine_util: float = math.nan
 
     @property
     def cpu_util(self) -> float:
@@ -155,16 +160,20 @@ def measure(srv: Any, plan: Sequence[RequestSpec], users: int | None = None, pro
             stacks.update(json.loads(body))
 
     prof = threading.Thread(target=profile, daemon=True) if profile_s > 0 else None
+    import psutil
+
     steps0, tok0 = _engine_counts(srv)
+    psutil.cpu_percent()  # starts the machine-wide interval
     cpu0, t0 = _cpu_s(srv.proc.pid), time.perf_counter()
     if prof:
         prof.start()
     res = run_load(Target(srv.url, timeout_s=120.0), plan, users=users, max_duration_s=120.0)
     wall, cpu = time.perf_counter() - t0, _cpu_s(srv.proc.pid) - cpu0
+    machine = psutil.cpu_percent() / 100
     if prof:
         prof.join()
     steps1, tok1 = _engine_counts(srv)
-    return Run(res, wall, cpu, os.cpu_count() or 1, steps1 - steps0, tok1 - tok0, stacks or None)
+    return Run(res, wall, cpu, os.cpu_count() or 1, steps1 - steps0, tok1 - tok0, stacks or None, machine)
 
 
 @dataclasses.dataclass
