@@ -17,6 +17,7 @@ memory-controller PMU) raises `CountersUnavailable` whose message says exactly w
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import os
@@ -24,7 +25,7 @@ import platform
 import struct
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -90,7 +91,9 @@ def _loop(fn: Callable[[], object], seconds: float, dev: torch.device) -> float:
 
 
 # ------------------------------------------------------------------------------ NVIDIA GPM
-def _gpm_handle_check(dev: torch.device) -> None:
+@contextlib.contextmanager
+def _gpm(dev: torch.device) -> Iterator[tuple[Any, Any]]:
+    """(pynvml, device handle) with NVML started and GPM checked; CountersUnavailable says why not."""
     try:
         import pynvml as nv
     except ImportError as exc:
@@ -107,27 +110,18 @@ def _gpm_handle_check(dev: torch.device) -> None:
             raise CountersUnavailable(f"NVML has no GPM metrics here ({exc}); they need Hopper or newer") from exc
         if not supported:
             raise CountersUnavailable("this GPU does not support NVML GPM metrics (Hopper or newer needed)")
+        yield nv, h
     finally:
         nv.nvmlShutdown()
 
 
+def _gpm_handle_check(dev: torch.device) -> None:
+    with _gpm(dev):
+        pass
+
+
 def _read_gpm(fn: Callable[[], object], seconds: float, dev: torch.device) -> CounterReading:
-    try:
-        import pynvml as nv
-    except ImportError as exc:
-        raise CountersUnavailable("nvidia-ml-py (pynvml) is not installed") from exc
-    try:
-        nv.nvmlInit()
-    except Exception as exc:  # noqa: BLE001 - the reason is the answer
-        raise CountersUnavailable(f"NVML did not start: {exc}") from exc
-    try:
-        h = nv.nvmlDeviceGetHandleByIndex(dev.index or 0)
-        try:
-            supported = nv.nvmlGpmQueryDeviceSupport(h).isSupportedDevice
-        except Exception as exc:  # noqa: BLE001
-            raise CountersUnavailable(f"NVML has no GPM metrics here ({exc}); they need Hopper or newer") from exc
-        if not supported:
-            raise CountersUnavailable("this GPU does not support NVML GPM metrics (Hopper or newer needed)")
+    with _gpm(dev) as (nv, h):
         ids = {"dram": nv.NVML_GPM_METRIC_DRAM_BW_UTIL, "tensor": nv.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
                "fp16": nv.NVML_GPM_METRIC_FP16_UTIL, "fp32": nv.NVML_GPM_METRIC_FP32_UTIL,
                "fp64": nv.NVML_GPM_METRIC_FP64_UTIL}
@@ -148,8 +142,6 @@ def _read_gpm(fn: Callable[[], object], seconds: float, dev: torch.device) -> Co
         finally:
             nv.nvmlGpmSampleFree(s1)
             nv.nvmlGpmSampleFree(s2)
-    finally:
-        nv.nvmlShutdown()
     if "dram" not in vals or len(vals) < 2:
         raise CountersUnavailable(f"NVML GPM returned only {sorted(vals)} of {sorted(ids)}")
     # the busiest arithmetic pipe is the compute utilisation: a bf16 GEMM fills the tensor
