@@ -195,9 +195,11 @@ def test_queue_bound_is_littles_law():
         case.queue_bound(0.0, 1.0, 0.1)
 
 
-def test_queue_bound_includes_requests_in_preprocessing(stage_server):
-    """A server whose whole wait is bounded: a burst past max_queue gets 429s at once."""
-    with case.serve("global_lock", max_queue=2) as srv:
+def test_queue_bound_includes_requests_in_preprocessing():
+    """A server whose whole wait is bounded: a burst past max_queue gets 429s at once. With a
+    bound of 1, any request arriving while another is still in the stage is refused, so the
+    outcome does not hang on how fast this machine runs the stage."""
+    with case.serve("global_lock", max_queue=1) as srv:
         b = case.burst(srv, 12, case.Scenario(output_tokens=4))
     assert b["rejected"] >= 1 and b["completed"] + b["rejected"] == b["sent"] == 12
 

@@ -17,6 +17,7 @@ server over HTTP with the real load generator; the verdicts (C21, C22) are judge
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import threading
@@ -155,8 +156,6 @@ def measure(srv: Any, plan: Sequence[RequestSpec], users: int | None = None, pro
         time.sleep(0.3)  # let a queue form first
         status, body = srv.get(f"/debug/stacks?seconds={profile_s}&hz=200")
         if status == 200:
-            import json
-
             stacks.update(json.loads(body))
 
     prof = threading.Thread(target=profile, daemon=True) if profile_s > 0 else None
