@@ -29,6 +29,8 @@ from typing import Any
 import psutil
 import torch
 
+from labkit.plots import axes
+
 DEVICE_CHOICES = ("auto", "cuda", "mps", "cpu")
 
 
@@ -256,9 +258,7 @@ class TelemetryTrace:
 
     def plot(self, ax=None):
         """Plot observable utilisation fields against time; returns the matplotlib axes."""
-        import matplotlib.pyplot as plt
-
-        ax = ax or plt.subplots(figsize=(8, 3))[1]
+        ax = axes(ax, (8, 3))
         if "cpu_percent" not in self.unavailable:
             per_core = list(zip(*self.series["cpu_percent"]))
             # Busy cores sit on top of each other at 100 %: draw the mean bold and the cores

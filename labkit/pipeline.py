@@ -35,6 +35,7 @@ import torch
 from labkit.model.generate import SamplingParams, sample
 from labkit.timing import Spans
 from labkit.tokenizer import DATA, EOS, load_tokenizer
+from labkit.plots import axes
 
 KNOBS: dict[str, tuple[str, ...]] = {
     "tokenizer": ("hf", "python"),
@@ -305,7 +306,7 @@ def plot_breakdowns(results: dict[str, Spans], ax=None, percent: bool = True):
     first, so their top edge reads as the share spent outside the model (blues on top)."""
     import matplotlib.pyplot as plt
 
-    ax = ax or plt.subplots(figsize=(9, 3.8))[1]
+    ax = axes(ax, (9, 3.8))
     palettes = {"pre": plt.cm.Oranges, "model": plt.cm.Blues, "post": plt.cm.Greens}
     bottoms = [0.0] * len(results)
     for group in ("pre", "post", "model"):

@@ -19,6 +19,8 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from labkit.plots import axes
+
 HARDWARE_CSV = Path(__file__).resolve().parent.parent / "data" / "hardware.csv"
 DTYPE_COLUMNS = {"fp32": "fp32_tflops", "tf32": "tf32_tflops", "bf16": "bf16_tflops",
                  "fp16": "fp16_tflops", "int8": "int8_tops"}
@@ -181,7 +183,7 @@ def plot(roof: Roofline, points: Iterable[Any] = (), ax=None, dtypes: Sequence[s
     import matplotlib.pyplot as plt
     import numpy as np
 
-    ax = ax or plt.subplots(figsize=(8, 5))[1]
+    ax = axes(ax, (8, 5))
     xs = np.logspace(math.log10(imin), math.log10(imax), 200)
     for dt in dtypes or list(roof.peaks):
         ax.plot(xs, [roof.attainable(x, dt) for x in xs], lw=2,

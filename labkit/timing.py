@@ -20,6 +20,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from labkit import device as _device
+from labkit.plots import axes
 
 
 def percentile(samples: Sequence[float], q: float) -> float:
@@ -207,9 +208,7 @@ class Spans:
 
     def plot(self, ax=None, per_request: bool = False):
         """Stacked bar of time per phase (one bar, or one per request); returns the axes."""
-        import matplotlib.pyplot as plt
-
-        ax = ax or plt.subplots(figsize=(7, 3))[1]
+        ax = axes(ax, (7, 3))
         phases = list(self.totals())
         requests = sorted({r for r, _, _ in self.records}) if per_request else [None]
         bottoms = [0.0] * len(requests)

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from labkit.distill.experiments import pareto_front
+from labkit.plots import axes
 
 
 def orders(step_rows: list[dict], ax=None):
     """Validation perplexity after every step, one line per order (log y)."""
-    import matplotlib.pyplot as plt
-
-    ax = ax or plt.subplots(figsize=(7, 4))[1]
+    ax = axes(ax, (7, 4))
     by: dict[str, list[dict]] = {}
     for r in step_rows:
         by.setdefault(r["order"], []).append(r)
@@ -27,9 +26,7 @@ def orders(step_rows: list[dict], ax=None):
 def pareto(rows: list[dict], ax=None):
     """Decode tokens/s vs validation perplexity for every variant, coloured by family
     (quantization / pruning / distillation / ...), with the Pareto front."""
-    import matplotlib.pyplot as plt
-
-    ax = ax or plt.subplots(figsize=(8, 5))[1]
+    ax = axes(ax, (8, 5))
     families = list(dict.fromkeys(r["family"] for r in rows))
     for i, fam in enumerate(families):
         rs = [r for r in rows if r["family"] == fam]

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from labkit.plots import axes
+
 
 def chain_bandwidth(chains: dict[str, dict[str, float]], numel: int, read_bw: float, ax=None):
     """Bars: modelled GB/s (traffic model bytes / measured time) of each chain eager and fused,
     from `labkit.ledger.ch3.measure_c7` (`chains`) at `numel` fp32 elements, with the measured
     read bandwidth `read_bw` (B/s) as a line."""
-    import matplotlib.pyplot as plt
-
     from labkit.fusion.elementwise import traffic_bytes
 
-    ax = ax or plt.subplots(figsize=(7, 3.5))[1]
+    ax = axes(ax, (7, 3.5))
     labels, values = [], []
     for chain, m in chains.items():
         for version in ("eager", "fused"):
@@ -30,9 +30,7 @@ def chain_bandwidth(chains: dict[str, dict[str, float]], numel: int, read_bw: fl
 
 def decode_latency(rows: list, ax=None):
     """Bars: ms per decode step for each (variant, batch)."""
-    import matplotlib.pyplot as plt
-
-    ax = ax or plt.subplots(figsize=(6, 3.5))[1]
+    ax = axes(ax, (6, 3.5))
     labels = [f"{r.variant}\nbatch {r.batch}" for r in rows]
     ax.bar(range(len(rows)), [r.step_s * 1e3 for r in rows], color="tab:green")
     ax.set_xticks(range(len(rows)), labels, fontsize=8)

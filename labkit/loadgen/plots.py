@@ -7,7 +7,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from labkit.loadgen.records import RequestRecord
-from labkit.plots import caption, tidy_log_axes
+from labkit.plots import axes, caption, tidy_log_axes
 
 
 def sweep_panels(rows: Sequence[dict[str, Any]], knee: dict[str, Any] | None = None, axis: str = "concurrency",
@@ -56,9 +56,7 @@ def sweep_panels(rows: Sequence[dict[str, Any]], knee: dict[str, Any] | None = N
 def latency_cdf(runs: dict[str, Sequence[RequestRecord]], key: str = "e2e_s", ax=None):
     """Empirical CDF of a per-request latency (s, log x) of completed requests, one line per run,
     with each run's mean (dashed) and p99 (dotted) marked."""
-    import matplotlib.pyplot as plt
-
-    ax = ax or plt.subplots(figsize=(7, 3.5))[1]
+    ax = axes(ax, (7, 3.5))
     for i, (name, recs) in enumerate(runs.items()):
         x = np.sort([getattr(r, key) for r in recs if r.ok and not r.warmup and getattr(r, key) is not None])
         color = f"C{i}"
@@ -76,9 +74,7 @@ def latency_cdf(runs: dict[str, Sequence[RequestRecord]], key: str = "e2e_s", ax
 def fidelity_bars(errors: dict[str, dict[str, float]], ax=None, band: float = 0.15):
     """Relative error (%) of the simulator per compared metric, grouped by load level; the
     ±`band` target shaded."""
-    import matplotlib.pyplot as plt
-
-    ax = ax or plt.subplots(figsize=(8, 3.5))[1]
+    ax = axes(ax, (8, 3.5))
     levels = list(errors)
     metrics = list(next(iter(errors.values())))
     width = 0.8 / len(levels)

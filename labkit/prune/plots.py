@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+from labkit.plots import axes
+
 
 def breakeven(sweep: dict, ax=None):
     """CSR time / dense time vs sparsity (log y), with 1 (break-even) and the bytes-only
     prediction marked."""
-    import matplotlib.pyplot as plt
-
-    ax = ax or plt.subplots(figsize=(7, 4))[1]
+    ax = axes(ax, (7, 4))
     rows = sweep["rows"]
     ax.plot([100 * r["sparsity"] for r in rows], [r["csr_over_dense"] for r in rows], "o-", label="CSR / dense time")
     ax.axhline(1, color="k", lw=0.8, label="break-even")
@@ -25,9 +25,7 @@ def breakeven(sweep: dict, ax=None):
 
 def decode_speed(rows: list[dict], ax=None):
     """Decode tokens/s of each pruning variant (bars), the bytes-only prediction as dots."""
-    import matplotlib.pyplot as plt
-
-    ax = ax or plt.subplots(figsize=(8, 4))[1]
+    ax = axes(ax, (8, 4))
     labels = [f"{r['variant']}\n{100 * r['sparsity']:.0f}%" if r["sparsity"] else r["variant"] for r in rows]
     ref = rows[0]["tok_s"]
     ax.bar(range(len(rows)), [r["tok_s"] for r in rows], color="C0", label="measured")

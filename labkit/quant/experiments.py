@@ -12,6 +12,7 @@ from labkit.model import Transformer, perplexity
 from labkit.quant.calib import CALIB_METHODS, calibrate, collect_act_stats, plant_outliers, smooth
 from labkit.quant.evaluate import decode_tok_s
 from labkit.quant.linear import kernel_paths, model_bytes, quantize_model, weight_bytes_per_step
+from labkit.plots import axes
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "data" / "corpus"
@@ -175,9 +176,7 @@ def format_rows(rows: list[dict]) -> str:
 def plot_bytes_vs_ppl(rows: list[dict], ax=None):
     """Scatter of model bytes (MB, log) vs validation perplexity for `weight_table` rows,
     with the Pareto front (no other scheme both smaller and better) joined by a line."""
-    import matplotlib.pyplot as plt
-
-    ax = ax or plt.subplots(figsize=(7, 4))[1]
+    ax = axes(ax, (7, 4))
     pts = sorted((r["read_MB_per_step"], r["ppl"], r["scheme"]) for r in rows if r["ppl"] == r["ppl"])
     for x, y, name in pts:
         ax.scatter(x, y)

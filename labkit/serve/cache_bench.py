@@ -30,6 +30,7 @@ from labkit import benchkit, timing
 from labkit.serve import guard
 from labkit.serve.cache import make_cache, normalize_prompt
 from labkit.serve.embed import Encoder, load_encoder
+from labkit.plots import axes
 
 EVAL_DIR = Path(__file__).resolve().parents[2] / "data" / "cache_eval"
 THRESHOLDS = np.round(np.arange(0.5, 1.0001, 0.005), 3)
@@ -217,9 +218,7 @@ def server_latency(kind: str = "semantic", pairs: Sequence[dict] | None = None, 
 def plot_sweep(ev: dict, ax=None):
     """Hit precision vs hit rate as the threshold moves, cosine alone and with the guard;
     the common default 0.8 and each safe threshold marked."""
-    import matplotlib.pyplot as plt
-
-    ax = ax or plt.subplots(figsize=(6.5, 4))[1]
+    ax = axes(ax, (6.5, 4))
     for name, style in (("cosine", "C0"), ("guarded", "C1")):
         rows = [r for r in ev[name]["rows"] if r["hits"]]
         ax.plot([r["hit_rate"] for r in rows], [r["precision"] for r in rows], color=style,
@@ -335,3 +334,39 @@ def body(args: argparse.Namespace) -> dict:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def threshold_sweep(curves: dict[str, Sequence[dict]], target: float = 0.99, default: float | None = None, axes=None):
+    """Two panels against the similarity threshold, one colour per curve. Top: the share of hits
+    that are wrong (100 - hit precision, %, symlog so 1% and 2% stand apart from 50%), with the
+    target as a dotted line (below it: precision >= `target`); bottom: hit rate (% of
+    same-meaning pairs that hit). `curves`: name -> rows with "threshold", "precision",
+    "hit_rate" and "hits" (thresholds where nothing hits have no precision and are left out).
+    An optional `default` threshold is a grey vertical line. Returns the two axes."""
+    import matplotlib.pyplot as plt
+
+    if axes is None:
+        _, axes = plt.subplots(2, 1, figsize=(7, 5), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+    top, bottom = axes
+    for i, (name, rows) in enumerate(curves.items()):
+        rows = sorted(rows, key=lambda r: r["threshold"])
+        hit = [r for r in rows if r["hits"]]
+        top.plot([r["threshold"] for r in hit], [100 * (1 - r["precision"]) for r in hit], color=f"C{i}", lw=2,
+                 label=name)
+        bottom.plot([r["threshold"] for r in rows], [100 * r["hit_rate"] for r in rows], color=f"C{i}", lw=2,
+                    label=name)
+    top.axhline(100 * (1 - target), color="k", ls=":", lw=1.2,
+                label=f"{100 * (1 - target):g}% wrong = {100 * target:g}% precision")
+    top.set_yscale("symlog", linthresh=1.0)
+    top.set_ylim(0, 100)
+    top.set_yticks([0, 0.5, 1, 2, 5, 10, 20, 50, 100], ["0", "0.5", "1", "2", "5", "10", "20", "50", "100"])
+    top.set_ylabel("wrong hits\n(% of hits)")
+    bottom.set_ylabel("hit rate (% of\nsame-meaning pairs)")
+    bottom.set_ylim(0, 102)
+    bottom.set_xlabel("cosine similarity threshold (a hit needs at least this)")
+    for ax in axes:
+        if default is not None:
+            ax.axvline(default, color="0.6", lw=1, label=f"common default {default:g}")
+        ax.grid(alpha=0.3)
+    top.legend(fontsize="small", loc="lower left")
+    return axes

@@ -29,6 +29,7 @@ from labkit import benchkit, presets
 from labkit.model import Transformer
 from labkit.model.kv_memory import kv_bytes_per_token, kv_cache_bytes
 from labkit.serve.engine import Engine, EngineConfig
+from labkit.plots import axes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,9 +126,7 @@ def decode_speed(model: Transformer, kv_dtype: str, batch: int = 8, prompt: int 
 
 def plot_block_sizes(rows: Sequence[dict], predicted: Sequence[dict], ax=None):
     """Measured waste and max concurrency vs block size (log axis), with the prediction."""
-    import matplotlib.pyplot as plt
-
-    ax = ax or plt.subplots(figsize=(6.5, 4))[1]
+    ax = axes(ax, (6.5, 4))
     sizes = [r["block_size"] for r in rows]
     ax.plot(sizes, [100 * r["waste"] for r in rows], "o-", label="waste, measured")
     ax.plot(sizes, [100 * p["waste"] for p in predicted], "--", color="C0", label="waste, predicted")

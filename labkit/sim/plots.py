@@ -6,7 +6,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from labkit.plots import caption, tidy_log_axes
+from labkit.plots import axes, caption, tidy_log_axes
 from labkit.sim import metrics
 from labkit.sim.result import Result
 
@@ -15,19 +15,13 @@ _STYLES = [dict(ls="-", lw=3.0, alpha=0.55), dict(ls="--", lw=1.6, marker="o"), 
            dict(ls="-.", lw=1.6, marker="^"), dict(ls=(0, (5, 1, 1, 1)), lw=1.6, marker="D")]
 
 
-def _ax(ax, size=(7, 3.5)):
-    import matplotlib.pyplot as plt
-
-    return ax or plt.subplots(figsize=size)[1]
-
-
 def latency_cdf(results: dict[str, Result], key: str = "e2e", ax=None, same_within: float = 0.02):
     """Empirical CDF of a per-request latency (s, log x) for each named result.
 
     Each curve has its own line style and marker. Where two curves coincide (p50 and p99 within
     `same_within`, relative), the first is drawn wide and pale underneath, the later one thin and
     dashed on top, and the legend says "(on top of ...)"; the legend sits outside the axes."""
-    ax = _ax(ax)
+    ax = axes(ax, (7, 3.5))
     curves = {}
     for name, res in results.items():
         x = np.sort(metrics.per_request(res)[key][res.done])
@@ -61,7 +55,7 @@ def latency_cdf(results: dict[str, Result], key: str = "e2e", ax=None, same_with
 
 def timeline(res: Result, ax=None, window: tuple[float, float] | None = None):
     """Running batch size and KV utilisation (%) over simulated time (s)."""
-    ax = _ax(ax)
+    ax = axes(ax, (7, 3.5))
     tl = res.timeline
     keep = slice(None) if window is None else (tl["t"] >= window[0]) & (tl["t"] <= window[1])
     ax.step(tl["t"][keep], tl["batch"][keep], where="post", label="running sequences")
@@ -82,7 +76,7 @@ def sweep_curve(rows: Sequence[dict[str, Any]], knee: dict | None = None, ax=Non
     `knee`: the ledger's knee (`labkit.sim.sweep.first_past`: the first rate whose p99 E2E exceeds
     `factor` x the lightest rate's), a star; `comfort` (optional): the last rate still inside the
     bound (`labkit.sim.sweep.knee`), a diamond. A caption under the plot says which is which."""
-    ax = _ax(ax)
+    ax = axes(ax, (7, 3.5))
     x = [r["throughput_rps"] for r in rows]
     y = [r["e2e"]["p99"] for r in rows]
     ax.plot(x, y, "o-", label="load sweep", zorder=2)
