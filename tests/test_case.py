@@ -90,6 +90,28 @@ def test_global_lock_serialises_and_per_thread_overlaps(tiny, impl, overlap):
 def test_bad_stage_sizes_are_refused():
     with pytest.raises(ValueError, match="rerank_k"):
         preprocess.StageConfig("per_thread", rerank_k=0)
+    with pytest.raises(ValueError, match="workers must be an integer >= 0"):
+        preprocess.StageConfig("per_thread", workers=-1)
+
+
+@pytest.mark.parametrize("workers,overlap", [(1, False), (2, True)])
+def test_stage_workers_bound_how_many_requests_run_the_stage_at_once(tiny, workers, overlap):
+    """The server runs the stage on its pool: with one worker, a second request cannot enter
+    the stage until the first leaves, even with nothing locked."""
+    model, tok = tiny
+    st = preprocess.Stage(model, tok, preprocess.StageConfig("per_thread", rerank_k=2, workers=workers))
+    assert st.pool._max_workers == workers
+    barrier = threading.Barrier(2, timeout=60 if overlap else 1)
+
+    def meet() -> bool:
+        try:
+            barrier.wait()
+            return True
+        except threading.BrokenBarrierError:
+            return False
+
+    futures = [st.pool.submit(meet) for _ in range(2)]
+    assert [f.result(120) for f in futures] == [overlap, overlap]
 
 
 # ------------------------------------------------------------------ spans

@@ -88,7 +88,8 @@ class Service:
         t0 = time.monotonic()
         self.preparing += 1
         try:
-            ids = await asyncio.to_thread(build)
+            pool = self.stage.pool if use_stage else None  # None: asyncio's default worker threads
+            ids = await asyncio.get_running_loop().run_in_executor(pool, build)
         finally:
             self.preparing -= 1
         took = time.monotonic() - t0

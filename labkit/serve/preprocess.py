@@ -22,7 +22,9 @@ Two implementations of the same stage give the same prompt for the same question
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import os
 import threading
 import time
 import unicodedata
@@ -46,12 +48,13 @@ def check_implementation(name: str) -> str:
 class StageConfig:
     """rerank_k: BM25 candidates the reranker scores; passage_tokens: tokens of each
     candidate it reads (and of the passage put in the prompt); n_docs: passages in the
-    store (None: the whole corpus)."""
+    store (None: the whole corpus); workers: threads that run the stage (0: one per core)."""
 
     implementation: str = "per_thread"
     rerank_k: int = 4
     passage_tokens: int = 48
     n_docs: int | None = None
+    workers: int = 0
 
     def __post_init__(self) -> None:
         check_implementation(self.implementation)
@@ -59,6 +62,8 @@ class StageConfig:
             v = getattr(self, name)
             if not (isinstance(v, int) and v >= 1):
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        if not (isinstance(self.workers, int) and self.workers >= 0):
+            raise ValueError(f"workers must be an integer >= 0 (0 = one per core), got {self.workers!r}")
 
 
 class Reranker:
@@ -102,7 +107,8 @@ class Reranker:
 class Stage:
     """The pre-processing stage of `labkit serve`: `run(query)` -> (prompt token ids, info).
 
-    `info` holds the retrieved passage index and, in s, how long the call waited for the
+    `pool` is the stage's own worker threads (`workers`), so the stage's concurrency is one
+    knob: more workers than cores only time-share them, and stretch every request. `info` holds the retrieved passage index and, in s, how long the call waited for the
     stage's lock (`lock_wait_s`, 0 without one) and worked (`work_s`)."""
 
     def __init__(self, model: Any, tokenizer: Any, config: StageConfig | None = None):
@@ -113,6 +119,8 @@ class Stage:
         shared = self.cfg.implementation == "global_lock"
         self.reranker = Reranker(model, self.cfg.rerank_k, "shared" if shared else "per_thread")
         self.lock = threading.Lock() if shared else None
+        self.pool = concurrent.futures.ThreadPoolExecutor(self.cfg.workers or os.cpu_count() or 1,
+                                                          thread_name_prefix="stage")
         self._passage_ids: dict[int, list[int]] = {}  # tokenized passages, filled as they are used
 
     def _passage(self, i: int) -> list[int]:

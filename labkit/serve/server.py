@@ -66,12 +66,13 @@ class ServerConfig(EngineSettings):
                               "buffer, one process-wide lock) | per_thread (a buffer per worker thread)",
                               choices=IMPLEMENTATIONS)
     rerank_k: int = setting(4, "pre-processing: BM25 candidates the reranker scores with the model")
+    stage_workers: int = setting(0, "pre-processing: worker threads that run the stage (0 = one per core)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.cache is not None and self.cache not in CACHES:
             raise ValueError(f"cache {self.cache!r} unknown; choose None or one of {', '.join(CACHES)}")
-        StageConfig(self.preprocess, rerank_k=self.rerank_k)  # raises naming the choices
+        StageConfig(self.preprocess, rerank_k=self.rerank_k, workers=self.stage_workers)  # raises naming the choices
         if not (isinstance(self.port, int) and 0 <= self.port <= 65535):
             raise ValueError(f"port must be an integer in 0..65535 (0 = any free port), got {self.port!r}")
         if not (isinstance(self.threads, int) and self.threads >= 0):
@@ -149,7 +150,7 @@ def build(cfg: ServerConfig):
     if cfg.preprocess != "off":
         from labkit.serve.preprocess import Stage
 
-        stage = Stage(model, tok, StageConfig(cfg.preprocess, rerank_k=cfg.rerank_k))
+        stage = Stage(model, tok, StageConfig(cfg.preprocess, rerank_k=cfg.rerank_k, workers=cfg.stage_workers))
         stage.run("warm up the stage")  # builds the document index now, not on the first request
     service = Service(engine, tok, cfg.served_model_name or cfg.preset, cache, stage)
     service.api_key, service.max_body_bytes = cfg.api_key, cfg.max_body_bytes  # read by surface.install
