@@ -91,7 +91,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
                  "batches": [1, 8], "repeat": 10, "rounds": 3, "outlier_factor": 100.0, "n_outliers": 4, "alphas": [0.5, 0.8],
                  "keep_ks": [0, 1, 2, 4, 8], "kv_memory_gb": 16.0},
     },
-    # 05_pruning_distillation (issue 7): owned by labkit.prune / labkit.distill.
+    # 05_pruning_distillation: owned by labkit.prune / labkit.distill.
     # C12 speed: one matmul_n x matmul_n fp32 weight (64 MiB at 4096) and decode of `speed_preset`
     # (+ overrides, random init; full `small` is ~400 MB of weights, the smoke one ~110 MB with a small
     # vocabulary so the blocks, not the output head, dominate) at `sparsities`; CSR break-even
@@ -117,7 +117,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
                  "kd": {"temperature": 1.0, "kd_weight": 1.0}, "student_overrides": {"n_layers": 2},
                  "orders": ["DPQ", "PDQ", "QDP"], "order_sparsity": 0.5},
     },
-    # 07_kv_and_result_cache (issue 10): the engine serves `engine_requests` mixed-length requests
+    # 07_kv_and_result_cache: the engine serves `engine_requests` mixed-length requests
     # (lognormal, medians in tokens) at a KV budget of `engine_budget_tokens` fp32 tokens' worth of
     # bytes; int8 KV: `int8_requests` (enough that int8's memory, not the workload, bounds
     # concurrency), perplexity on `ppl_windows` x 256 tokens, decode speed of `speed_batch` sequences
@@ -138,7 +138,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
                  "index_sizes": [1000, 10000, 100000], "server_cache": "semantic", "server_requests": 16,
                  "server_max_tokens": 64},
     },
-    # 08_p99_and_load (issue 9): real server (tiny preset, 1 torch thread) + load generator.
+    # 08_p99_and_load: real server (tiny preset, 1 torch thread) + load generator.
     # calib_*: black-box calibration (closed loops at calib_users x calib_contexts prompt tokens,
     # calib_output tokens, calib_rounds rounds; TTFT at calib_prompts). c19_*: TailMix traffic
     # at c19_rate req/s. sweep_users: closed-loop concurrency levels, sweep_rounds requests per

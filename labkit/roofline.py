@@ -71,10 +71,6 @@ class Roofline:
         """Roofline lower bound on time in s: max(FLOPs / peak, bytes / bandwidth)."""
         return max(flops / self.peak(dtype), nbytes / self.bandwidth)
 
-    def fraction_of_roof(self, flops: float, nbytes: float, seconds: float, dtype: str = "fp32") -> float:
-        """Achieved / attainable (0..1, can exceed 1 when data came from cache)."""
-        return self.time(flops, nbytes, dtype) / seconds
-
     @classmethod
     def from_hardware(cls, row: "str | dict[str, str]") -> "Roofline":
         """Roofline of a datasheet row (a dict from `hardware_table()` or a name)."""

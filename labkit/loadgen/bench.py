@@ -1,4 +1,4 @@
-"""`python -m labkit.loadgen.bench [--quick]`: issue 9's measured figures, side by side, in one run.
+"""`python -m labkit.loadgen.bench [--quick]`: notebook 08's measured figures, side by side, in one run.
 
 1. The simulated twin calibrated on `labkit serve` (tiny preset, 1 thread) and its knee.
 2. Simulator fidelity at three loads (low, near the knee, overloaded): relative error of p50/p99

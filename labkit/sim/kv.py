@@ -103,11 +103,3 @@ def max_concurrency(capacity: int, seq_tokens: int, mode: str, block_size: int =
     """How many sequences of `seq_tokens` tokens fit at once (no watermark)."""
     kv = KVCache(capacity, mode, block_size, max_len, watermark=0)
     return kv.total // kv.blocks_for(seq_tokens)
-
-
-def waste_fraction(stored_tokens: float, reserved_blocks: float, unit: int) -> float:
-    """Share of reserved KV memory that holds no token (0..1)."""
-    reserved = reserved_blocks * unit
-    return 1 - stored_tokens / reserved if reserved else 0.0
-
-
