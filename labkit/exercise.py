@@ -132,6 +132,102 @@ def _bound(ctx: Ctx) -> str:
     return "memory" if ctx["intensity"] < ctx["peak_flop_s"] / ctx["bandwidth"] else "compute"
 
 
+def _option(answer: Any, options: Any) -> str:
+    """The option `answer` names: its exact name or a unique part of one (case-insensitive)."""
+    a = str(answer).strip().lower()
+    names = list(options)
+    exact = [o for o in names if str(o).lower() == a]
+    if exact:
+        return exact[0]
+    part = [o for o in names if a and a in str(o).lower()]
+    if len(part) != 1:
+        raise ValueError(f"name one of {names}" + (f" ({answer!r} matches {len(part)})" if part else ""))
+    return part[0]
+
+
+def _largest_within(tie: float) -> Callable[[Any, Any, Ctx], bool]:
+    """Right if the named option's `score` is within a relative `tie` of the largest score: two
+    options the measurement cannot tell apart are both right answers."""
+    def judge(answer: Any, ref: Any, ctx: Ctx) -> bool:
+        scores = ctx["scores"]
+        return scores[_option(answer, scores)] >= (1 - tie) * max(scores.values())
+    return judge
+
+
+def _scores_detail(answer: Any, ctx: Ctx) -> str:
+    return "measured: " + ", ".join(f"{k} {v:.3g}" for k, v in ctx["scores"].items())
+
+
+def _number_or_formula(f_measured: float, f_formula: float, formula: Callable[[Ctx], float],
+                       measured: str) -> Callable[[Any, Any, Ctx], bool]:
+    """Right within `f_measured` of this run's measurement, or within `f_formula` of the
+    prediction the question asks for (so a learner who computes it exactly is not failed by
+    overhead the formula leaves out)."""
+    def judge(answer: Any, ref: Any, ctx: Ctx) -> bool:
+        return (within_factor(f_measured)(answer, ctx[measured], ctx)
+                or within_factor(f_formula)(answer, formula(ctx), ctx))
+    return judge
+
+
+def _most_sensitive(answer: Any, ref: Any, ctx: Ctx) -> bool:
+    """Right if the named layer's measured damage is at least half the worst layer's."""
+    dmg = ctx["sensitivity"]
+    return dmg[_option(answer, ctx["layers"])] >= 0.5 * max(dmg.values())
+
+
+def _sensitivity_detail(answer: Any, ctx: Ctx) -> str:
+    name = _option(answer, ctx["layers"])
+    worst = max(ctx["layers"], key=lambda n: ctx["sensitivity"][n])
+    return (f"{name} alone: {ctx['sensitivity'][name]:+.2f}% perplexity; the worst, {worst}: "
+            f"{ctx['sensitivity'][worst]:+.2f}%")
+
+
+def _faster(ctx: Ctx) -> str:
+    return min(ctx["times_s"], key=ctx["times_s"].get)
+
+
+def _faster_within(tie: float) -> Callable[[Any, Any, Ctx], bool]:
+    """Right if the named variant's time is within a relative `tie` of the fastest one's."""
+    def judge(answer: Any, ref: Any, ctx: Ctx) -> bool:
+        t = ctx["times_s"]
+        return t[_option(answer, t)] <= (1 + tie) * min(t.values())
+    return judge
+
+
+def _times_detail(answer: Any, ctx: Ctx) -> str:
+    return "measured: " + ", ".join(f"{k} {v * 1e3:.3g} ms" for k, v in ctx["times_s"].items())
+
+
+def _breakeven_bracket(ctx: Ctx) -> tuple[float, float]:
+    """(last sparsity where CSR lost before its first win, first sparsity where it won); (max, 1) if
+    it never won in the sweep. `rows`: sparsity and csr_over_dense (> 1: CSR slower)."""
+    rows = sorted(ctx["rows"], key=lambda r: r["sparsity"])
+    for i, r in enumerate(rows):
+        if r["csr_over_dense"] <= 1:
+            return (rows[i - 1]["sparsity"] if i else 0.0), r["sparsity"]
+    return rows[-1]["sparsity"], 1.0
+
+
+def _breakeven_solution(ctx: Ctx) -> float:
+    lo, hi = _breakeven_bracket(ctx)
+    return round((lo + hi) / 2, 3)
+
+
+def _in_bracket(answer: Any, ref: Any, ctx: Ctx) -> bool:
+    a = float(answer)
+    if not 0 <= a <= 1:
+        raise ValueError("a sparsity lies between 0 and 1 (0.9 = 90% zeros)")
+    lo, hi = _breakeven_bracket(ctx)
+    return lo <= a <= hi
+
+
+def _breakeven_detail(answer: Any, ctx: Ctx) -> str:
+    lo, hi = _breakeven_bracket(ctx)
+    if hi == 1.0:
+        return f"CSR lost at every sparsity of the sweep, up to {lo:.0%}"
+    return f"CSR lost at {lo:.0%} and won at {hi:.0%}" if lo else f"CSR already won at {hi:.0%}"
+
+
 EXERCISES: dict[str, Exercise] = {e.name: e for e in [
     Exercise("cold_over_warm", "00_setup",
              "The first call of a fresh shape paid one-off costs. Predict: how many times slower than the warm "
@@ -145,6 +241,7 @@ EXERCISES: dict[str, Exercise] = {e.name: e for e in [
              lambda c: "mean" if abs(c["mean_s"] - c["typical_s"]) > abs(c["median_s"] - c["typical_s"]) else "median",
              same_choice, "A few slow cold calls: which statistic do outliers move?",
              "a handful of slow calls moves the mean; the median only moves if half the calls do"),
+    # ---------------------------------------------------------------- 01 prefill vs decode
     Exercise("decode_tok_s_batch1", "01_prefill_vs_decode",
              "Decode reads every weight once per step. From the measured bandwidth ({bandwidth:.3g} B/s) and "
              "the weight bytes ({weight_bytes:.3g} B), predict decode tokens/s at batch 1.",
@@ -154,42 +251,98 @@ EXERCISES: dict[str, Exercise] = {e.name: e for e in [
              "tokens/s ~= bandwidth / bytes read per step.",
              "batch-1 decode is bandwidth over weight bytes; where the run was slower than that, per-step "
              "overhead (chapter 3) took the difference"),
-    Exercise("decode_tok_s_batch8", "01_prefill_vs_decode",
-             "At batch 8 one step still reads the weights once but makes 8 tokens. Batch 1 made {tok_s_b1:.0f} "
-             "tokens/s here. Predict decode tokens/s at batch 8.", ("tok_s_b1", "measured_tok_s_b8"),
-             lambda c: c["measured_tok_s_b8"], within_factor(1.6),
-             "If a step's time barely changes with batch, tokens/s scales with batch.",
+    Exercise("decode_tok_s_batched", "01_prefill_vs_decode",
+             "At batch {batch} one step still reads the weights once but makes {batch} tokens. Batch 1 made "
+             "{tok_s_b1:.0f} tokens/s here. Predict decode tokens/s at batch {batch}.",
+             ("batch", "tok_s_b1", "measured_tok_s"),
+             lambda c: c["measured_tok_s"], within_factor(1.6),
+             "tokens/s = batch / step time. While decode is memory-bound the step time barely grows with the "
+             "batch; where it grew, compute or per-op work took over (see the decode plot).",
              "weight reads are shared by the batch, so tokens/s grows almost with batch while memory-bound"),
+    Exercise("costlier_knob", "01_prefill_vs_decode",
+             "Two ways to make the typical request path costly outside the model: {options}. Which one puts "
+             "the larger share of the request's time outside the model here?", ("options", "scores"),
+             lambda c: max(c["scores"], key=c["scores"].get), _largest_within(0.1),
+             "Compare the pre share of those two rows in the span tables above: BM25 over every passage vs a "
+             "tokenizer written in Python.",
+             "time the whole path before tuning the model: the costlier knob is the first fix",
+             _scores_detail),
+    # ---------------------------------------------------------------- 02 roofline
     Exercise("ridge_point", "02_roofline",
              "From this machine's measured peak ({peak_flop_s:.3g} FLOP/s) and bandwidth ({bandwidth:.3g} B/s), "
              "what is the ridge point in FLOP/byte?", ("peak_flop_s", "bandwidth"),
              lambda c: c["peak_flop_s"] / c["bandwidth"], within_factor(1.15),
              "ridge = peak / bandwidth.", "below the ridge a kernel cannot feed the ALUs fast enough"),
     Exercise("kernel_bound", "02_roofline",
-             "A kernel does {intensity:.3g} FLOP per byte. On this machine is it 'memory' or 'compute' bound?",
-             ("intensity", "peak_flop_s", "bandwidth"), _bound, same_choice,
-             "Compare its intensity with the ridge point you computed.",
+             "{kernel} does {intensity:.3g} FLOP per byte. On this machine is it 'memory' or 'compute' bound?",
+             ("kernel", "intensity", "peak_flop_s", "bandwidth"), _bound, same_choice,
+             "Compare its intensity with the ridge point (peak / bandwidth).",
              "the side of the ridge decides which ceiling a kernel can reach"),
+    Exercise("batch_to_ridge", "02_roofline",
+             "A decode linear {d}x{d} in {dtype} ({itemsize} bytes per value) reads its weight once per step "
+             "whatever the batch. From which batch is it compute-bound on this machine (ridge "
+             "{ridge:.3g} FLOP/B)?", ("d", "dtype", "itemsize", "ridge", "batch_at_ridge"),
+             lambda c: c["batch_at_ridge"], within_factor(1.3),
+             "FLOPs = 2 x batch x d x d; bytes ~= d x d x itemsize (the weight). Set FLOPs / bytes = ridge and "
+             "solve for the batch.",
+             "batching B requests multiplies the intensity by ~B; past the ridge, a bigger batch costs compute"),
+    # ---------------------------------------------------------------- 03 fusion
     Exercise("tiny_ops_time", "03_fusion",
              "One eager op costs {per_op_s:.3g} s here. Predict the time of {ops} tiny ops in a row, in seconds.",
-             ("per_op_s", "ops", "measured_s"), lambda c: c["measured_s"], within_factor(2.0),
+             ("per_op_s", "ops", "measured_s"), lambda c: c["measured_s"],
+             _number_or_formula(2.0, 1.25, lambda c: c["ops"] * c["per_op_s"], "measured_s"),
              "When the ops do almost no arithmetic, time ~= ops x per-op cost.",
              "tiny ops are pure dispatch cost, which fusion and graphs remove"),
+    Exercise("eager_step_time", "03_fusion",
+             "One eager decode step of the tiny decoder dispatches {ops} ops at {per_op_s:.3g} s each. Predict "
+             "its step time at batch 1, in seconds.", ("ops", "per_op_s", "measured_s"),
+             lambda c: c["measured_s"], within_factor(2.0),
+             "A small model's step is mostly per-op cost: ops x per-op cost, plus a little real work.",
+             "a small model's decode step is overhead-bound: its time follows the op count, so cutting ops "
+             "(compile, graphs) is what speeds it up"),
+    # ---------------------------------------------------------------- 04 quantization
     Exercise("int8_bytes_ratio", "04_quantization",
-             "int8 weights take 1 byte and a small scale per group. Predict int8's weight bytes as a fraction of "
-             "fp32's.", ("int8_bytes", "fp32_bytes"), lambda c: c["int8_bytes"] / c["fp32_bytes"],
+             "int8 weights take 1 byte and a small scale per row. Predict int8's weight bytes per decode step "
+             "as a fraction of fp32's.", ("int8_bytes", "fp32_bytes"), lambda c: c["int8_bytes"] / c["fp32_bytes"],
              within_factor(1.1), "fp32 takes 4 bytes per weight.",
              "a quarter, not a half: fp32 -> int8 is 4x fewer bytes (fp16 -> int8 halves)"),
     Exercise("keep_in_high_precision", "04_quantization",
-             "Which layer would you keep in higher precision? Pick from {layers}.", ("layers", "sensitivity"),
-             lambda c: max(c["layers"], key=lambda n: c["sensitivity"][n]), same_choice,
-             "Look at the per-layer sensitivity table: which layer's quantization hurt perplexity most?",
-             "mixed precision spends bytes where the measured damage is largest"),
+             "Each layer below will be quantized to int4 alone. Which one would you keep in higher precision? "
+             "Pick from {layers}.", ("layers", "sensitivity"),
+             lambda c: max(c["layers"], key=lambda n: c["sensitivity"][n]), _most_sensitive,
+             "Which layer does every token's prediction pass through last, with no residual path to soften "
+             "its error?",
+             "mixed precision spends bytes where the measured damage is largest", _sensitivity_detail),
+    Exercise("kv_int8_fit", "04_quantization",
+             "A KV vector of head_dim {head_dim} takes 4 x {head_dim} bytes in fp32; int8 stores {head_dim} "
+             "codes plus one 4-byte fp32 scale. How many times more tokens fit in the same KV memory with int8?",
+             ("head_dim", "fp32_bytes_per_token", "int8_bytes_per_token"),
+             lambda c: c["fp32_bytes_per_token"] / c["int8_bytes_per_token"], within_factor(1.05),
+             "4 x head_dim / (head_dim + 4): the scale is not free for short vectors.",
+             "the per-vector scale costs 4 bytes, so int8 KV fits a little under 4x the tokens"),
+    # ---------------------------------------------------------------- 05 pruning, distillation
     Exercise("sparse_faster", "05_pruning_distillation",
-             "At {sparsity:.0%} unstructured sparsity, which decodes faster here: 'dense' weights or 'csr'?",
-             ("sparsity", "dense_s", "csr_s"), lambda c: "dense" if c["dense_s"] <= c["csr_s"] else "csr",
-             same_choice, "Dense hardware streams dense weights well; sparse formats add index reads.",
-             "unstructured zeros do not shrink dense work; sparse formats win only at very high sparsity"),
+             "At {sparsity:.0%} unstructured sparsity, which multiplies faster here: {options}?",
+             ("sparsity", "options", "times_s"), _faster, _faster_within(0.1),
+             "Dense hardware streams dense weights well; CSR adds a 4-byte index per value and irregular reads.",
+             "unstructured zeros do not shrink dense work; sparse formats win only at very high sparsity",
+             _times_detail),
+    Exercise("csr_breakeven", "05_pruning_distillation",
+             "The sweep below runs CSR against dense at sparsities {sweep}. From which sparsity (a fraction, "
+             "0.9 = 90% zeros) does CSR win here? Answer 1.0 if you think it never wins in the sweep.",
+             ("sweep", "rows"), _breakeven_solution, _in_bracket,
+             "Bytes alone say 50% (8 bytes per non-zero vs 4 per dense weight); irregular reads push it higher.",
+             "CSR pays only once so few values are left that its scattered reads cost less than the dense stream",
+             _breakeven_detail),
+    Exercise("distill_cost", "05_pruning_distillation",
+             "The student has {student_layers} layers, the teacher {teacher_layers}. Predict distillation's "
+             "training time as a multiple of training the same student from scratch.",
+             ("student_layers", "teacher_layers", "flop_ratio", "seconds_ratio"),
+             lambda c: c["seconds_ratio"],
+             _number_or_formula(1.3, 1.15, lambda c: c["flop_ratio"], "seconds_ratio"),
+             "A training step costs ~3 student forwards; distillation adds one teacher forward "
+             "(teacher layers / student layers of a student forward).",
+             "the teacher's forward is the extra cost: (3 + teacher/student) / 3 of from-scratch training"),
     Exercise("md1_wait", "06_batching",
              "No batching, Poisson arrivals, a fixed {service_s:g} s service time, load rho = {rho:g}. Predict the "
              "mean wait in the queue, in seconds.", ("rho", "service_s", "simulated_wq_s"),

@@ -9,18 +9,35 @@ SWEEP = [dict(threshold=t, hits=h, true_hits=h - f, false_hits=f, hit_rate=(h - 
               precision=(h - f) / h if h else float("nan"))
          for t, h, f in ((0.8, 94, 2), (0.85, 83, 1), (0.9, 63, 1), (0.905, 58, 0), (0.95, 24, 0), (1.0, 1, 0))]
 
+# A CSR-vs-dense sweep (time ratio, > 1: CSR slower) that wins from 90% sparsity on.
+BREAKEVEN = [{"sparsity": x, "csr_over_dense": r}
+             for x, r in ((0.5, 3.1), (0.7, 1.9), (0.8, 1.3), (0.9, 0.8), (0.95, 0.45), (0.99, 0.1))]
+
 # name -> (this run's measurements, a plausible wrong answer)
 CASES = {
     "cold_over_warm": ({"cold_first_s": 0.05, "warm_median_s": 0.001}, 1.0),
     "mean_or_median": ({"mean_s": 0.02, "median_s": 0.0011, "typical_s": 0.001}, "median"),
     "decode_tok_s_batch1": ({"weight_bytes": 4e8, "bandwidth": 4e10, "measured_tok_s": 80.0}, 1000.0),
-    "decode_tok_s_batch8": ({"tok_s_b1": 80.0, "measured_tok_s_b8": 560.0}, 80.0),
+    "decode_tok_s_batched": ({"batch": 8, "tok_s_b1": 80.0, "measured_tok_s": 560.0}, 80.0),
+    # pre+post share (%) of each knob's path, as notebook 01 reads it from pipeline.breakdown
+    "costlier_knob": ({"options": ["slow tokenizer", "heavy RAG"],
+                       "scores": {"slow tokenizer": 9.0, "heavy RAG": 41.0}}, "slow tokenizer"),
     "ridge_point": ({"peak_flop_s": 1e12, "bandwidth": 5e10}, 2.0),
-    "kernel_bound": ({"intensity": 0.25, "peak_flop_s": 1e12, "bandwidth": 5e10}, "compute"),
+    "kernel_bound": ({"kernel": "a decode linear at batch 16", "intensity": 7.9, "peak_flop_s": 1e12,
+                      "bandwidth": 5e10}, "compute"),
+    # fp32 on a 20 FLOP/B ridge: 2 B d^2 / (4 d^2) = ridge -> B = 40
+    "batch_to_ridge": ({"d": 4096, "dtype": "fp32", "itemsize": 4, "ridge": 20.0, "batch_at_ridge": 41}, 1),
     "tiny_ops_time": ({"per_op_s": 4e-6, "ops": 1000, "measured_s": 4.4e-3}, 4e-5),
+    "eager_step_time": ({"ops": 300, "per_op_s": 5e-6, "measured_s": 2.1e-3}, 2e-5),
     "int8_bytes_ratio": ({"int8_bytes": 2.6e6, "fp32_bytes": 1e7}, 0.5),
-    "keep_in_high_precision": ({"layers": ["q", "k", "down"], "sensitivity": {"q": 0.1, "k": 0.2, "down": 3.0}}, "q"),
-    "sparse_faster": ({"sparsity": 0.5, "dense_s": 1.0, "csr_s": 3.0}, "csr"),
+    # notebook 04's smoke scan of the tiny checkpoint: the output head dominates
+    "keep_in_high_precision": ({"layers": ["layers.0.attention.wqkv", "layers.0.feed_forward.w2", "output"],
+                                "sensitivity": {"layers.0.attention.wqkv": 0.12, "layers.0.feed_forward.w2": 0.14,
+                                                "output": 0.40}}, "layers.0.attention.wqkv"),
+    "kv_int8_fit": ({"head_dim": 32, "fp32_bytes_per_token": 4096, "int8_bytes_per_token": 1152}, 4.0),
+    "sparse_faster": ({"sparsity": 0.5, "options": ["dense", "CSR"], "times_s": {"dense": 1e-3, "CSR": 3e-3}}, "csr"),
+    "csr_breakeven": ({"sweep": [0.5, 0.7, 0.8, 0.9, 0.95, 0.99], "rows": BREAKEVEN}, 0.5),
+    "distill_cost": ({"student_layers": 2, "teacher_layers": 4, "flop_ratio": 1.67, "seconds_ratio": 1.8}, 1.0),
     "md1_wait": ({"rho": 0.9, "service_s": 1.0, "simulated_wq_s": 4.3}, 9.0),   # M/M/1's answer
     "short_wait_scheduler": ({"schedulers": ["static", "dynamic", "continuous"],
                               "short_e2e_s": {"static": 800.0, "dynamic": 11.0, "continuous": 1.2}}, "dynamic"),
@@ -100,3 +117,53 @@ def test_knee_is_the_first_level_past_the_bound_and_levels_are_checked(capsys):
     assert exercise.check("knee_level", 8) is False
     assert exercise.check("knee_level", 12) is False
     assert "pick one of the levels" in capsys.readouterr().out
+
+
+def test_choices_take_a_unique_part_of_a_name_and_near_ties_count_as_right(capsys):
+    exercise.ask("costlier_knob", options=["slow tokenizer", "heavy RAG"],
+                 scores={"slow tokenizer": 20.0, "heavy RAG": 21.0})
+    assert exercise.check("costlier_knob", "tokenizer") is True    # within 10% of the larger share
+    assert exercise.check("costlier_knob", "RAG") is True
+    assert exercise.check("costlier_knob", "e") is False            # both names contain it
+    assert "matches 2" in capsys.readouterr().out
+    exercise.ask("sparse_faster", sparsity=0.9, options=["dense", "CSR"], times_s={"dense": 1.0, "CSR": 0.95})
+    assert exercise.check("sparse_faster", "dense") is True         # 5% apart: the clock cannot tell
+    exercise.ask("sparse_faster", sparsity=0.99, options=["dense", "CSR"], times_s={"dense": 1.0, "CSR": 0.2})
+    assert exercise.check("sparse_faster", "dense") is False
+
+
+def test_formula_answers_pass_when_overhead_moves_the_measurement():
+    # 1000 ops x 4 us = 4 ms predicted; the loop's own Python made it 10 ms
+    exercise.ask("tiny_ops_time", per_op_s=4e-6, ops=1000, measured_s=1e-2)
+    assert exercise.check("tiny_ops_time", 4e-3) is True
+    assert exercise.check("tiny_ops_time", 1.6e-5) is False          # the arithmetic alone
+    # distillation: FLOPs say 1.67x; a noisy smoke run measured 2.4x
+    exercise.ask("distill_cost", student_layers=2, teacher_layers=4, flop_ratio=1.67, seconds_ratio=2.4)
+    assert exercise.check("distill_cost", 5 / 3) is True
+    assert exercise.check("distill_cost", 2.0) is True
+    assert exercise.check("distill_cost", 1.0) is False
+
+
+def test_breakeven_is_bracketed_by_the_sweep_and_never_is_an_answer():
+    exercise.ask("csr_breakeven", sweep=[0.5, 0.7, 0.8, 0.9, 0.95, 0.99], rows=BREAKEVEN)
+    assert 0.8 <= exercise.solution("csr_breakeven") <= 0.9
+    assert exercise.check("csr_breakeven", 0.85) is True
+    assert exercise.check("csr_breakeven", 0.95) is False            # it already won at 90%
+    assert exercise.check("csr_breakeven", 1.0) is False
+    assert exercise.check("csr_breakeven", 85) is False              # a percentage, not a fraction
+    never = [dict(r, csr_over_dense=r["csr_over_dense"] + 1.0) for r in BREAKEVEN]
+    exercise.ask("csr_breakeven", sweep=[0.5, 0.7, 0.8, 0.9, 0.95, 0.99], rows=never)
+    assert exercise.check("csr_breakeven", exercise.solution("csr_breakeven")) is True
+    assert exercise.check("csr_breakeven", 1.0) is True
+    assert exercise.check("csr_breakeven", 0.9) is False
+
+
+def test_sensitive_layer_by_damage_not_by_name(capsys):
+    ctx, _ = CASES["keep_in_high_precision"]
+    exercise.ask("keep_in_high_precision", **ctx)
+    assert exercise.solution("keep_in_high_precision") == "output"
+    assert exercise.check("keep_in_high_precision", "OUTPUT") is True
+    assert "+0.40% perplexity" in capsys.readouterr().out
+    close = dict(ctx, sensitivity={**ctx["sensitivity"], "layers.0.feed_forward.w2": 0.3})
+    exercise.ask("keep_in_high_precision", **close)
+    assert exercise.check("keep_in_high_precision", "w2") is True    # 3/4 of the worst: also worth keeping
