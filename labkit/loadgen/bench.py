@@ -5,16 +5,17 @@
    TTFT and E2E and of throughput, for the twin calibrated on the server as a black box and
    for one calibrated on the engine alone (no HTTP): the difference is what serving adds.
 3. No vs static vs continuous batching on one open-loop trace (above the knee).
-4. Continuous vs static throughput at the same p99 E2E target (2x continuous batching's p99
-   at the lightest rate): one open-loop rate sweep per policy.
+4. Continuous vs static at the same p99 E2E target (2x continuous batching's p99 at a light
+   rate): the highest rate each policy sustains within it, found by bisection with a bootstrap
+   confidence per probe (`labkit.loadgen.bisect`).
 Everything runs on loopback; ``--json PATH`` writes the figures with the machine's fingerprint.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
-import numpy as np
 import psutil
 
 from labkit import benchkit
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         run.results = body(args.quick, args.seed)
         ratio = run.results["throughput_ratio_at_target"]
         run.summary = (f"continuous/static throughput at equal p99 E2E {ratio:.1f}x (target >= 3x)"
-                       if ratio == ratio else "static batching never met the p99 target in the sweep")
+                       if ratio == ratio else "static batching never met the p99 target")
     return run.rc
 
 
@@ -53,7 +54,6 @@ def body(quick: bool, seed: int) -> dict:
         {"low": 100, "near knee": 200, "overloaded": 200}
     # sweep points: about 12 s (quick) or 30 s of arrivals each, 30..120 or 60..300 requests
     n_sweep = (lambda r: ex.requests_for(r, 12, 30, 120)) if quick else (lambda r: ex.requests_for(r, 30, 60, 300))
-    points = 5 if quick else 7
     t0 = time.perf_counter()
     say = lambda msg: print(f"[{time.perf_counter() - t0:6.1f} s] {msg}", flush=True)  # noqa: E731
     out: dict = {"quick": quick, "cpus": psutil.cpu_count()}
@@ -95,26 +95,28 @@ def body(quick: bool, seed: int) -> dict:
     out["policies"] = {p: {k: r.summary()[k] for k in ("throughput_rps", "output_tps", "ttft", "e2e")}
                        for p, r in runs.items()}
 
-    say("rate sweeps per policy for throughput at equal p99 E2E")
-    trates = list(np.geomspace(0.15, 1.5, points) * knee["level"])
-    sweeps = ex.target_sweeps(["static", "continuous"], trates, n_sweep, seed)
-    target = 2 * sweeps["continuous"][0]["e2e"]["p99"]
-    print(f"\n== throughput at p99 E2E <= {target:.2f} s (2x continuous batching's p99 at {trates[0]:.2f} req/s) ==")
-    for p, srows in sweeps.items():
-        print(f"{p:<11}" + "  ".join(f"{r['rate']:.2f}->{r['throughput_rps']:.2f} req/s p99 {r['e2e']['p99']:.2f} s"
-                                     for r in srows))
-    best = {p: ex.throughput_at_target(srows, target) for p, srows in sweeps.items()}
-    if best["continuous"] and best["static"]:
-        ratio = best["continuous"]["throughput_rps"] / best["static"]["throughput_rps"]
-        print(f"continuous {best['continuous']['throughput_rps']:.2f} vs static {best['static']['throughput_rps']:.2f} "
-              f"req/s at equal p99: {ratio:.1f}x (target >= 3x)")
-    else:
-        ratio = float("nan")
-        print("static batching never met the target in this sweep: " +
-              ", ".join(f"{p}: {'none' if b is None else round(b['throughput_rps'], 2)}" for p, b in best.items()))
-    out.update(target_s=target, throughput_ratio_at_target=ratio,
-               sweeps={p: [{k: r[k] for k in ("rate", "throughput_rps", "e2e")} for r in srows]
-                       for p, srows in sweeps.items()})
+    say("bisection per policy for the highest rate at equal p99 E2E")
+    light = 0.15 * knee["level"]
+    with ex.serve("continuous") as srv:
+        ref = ex.measure(srv.url, ex.chat_specs(n_sweep(light), light, seed)).summary()
+    target = 2 * ref["e2e"]["p99"]
+    print(f"\n== highest rate with p99 E2E <= {target:.2f} s (2x continuous batching's p99 at {light:.2f} req/s), "
+          "by bisection ==")
+    found = {p: ex.rate_at_target(p, target, 0.3 * knee["level"], 1.5 * knee["level"], n_sweep, seed,
+                                  rel_tol=0.1 if quick else 0.05, progress=say)
+             for p in ("static", "continuous")}
+    for p, f in found.items():
+        lo, hi = f["bracket"]
+        print(f"{p:<11}{f['rate']:.2f} req/s offered ({f['throughput']:.2f} served); meets at {lo:.2f}, misses at "
+              f"{hi:.2f}; bootstrap confidence {100 * f['confidence']:.0f}%; {len(f['probes'])} runs")
+    from labkit.loadgen.bisect import ratio_bracket
+
+    ratio, low, high = ratio_bracket(found["continuous"], found["static"])
+    print(f"continuous / static at equal p99: {ratio:.1f}x (the brackets allow {low:.1f}-{high:.1f}x; target >= 3x)")
+    out.update(target_s=target, throughput_ratio_at_target=ratio, ratio_range=(low, high),
+               bisection={p: {"rate": f["rate"], "throughput": f["throughput"], "bracket": f["bracket"],
+                              "confidence": f["confidence"],
+                              "probes": [dataclasses.asdict(x) for x in f["probes"]]} for p, f in found.items()})
     return out
 
 

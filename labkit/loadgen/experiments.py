@@ -176,6 +176,28 @@ def target_sweeps(policies: Sequence[str], rates: Sequence[float], n: int | Call
     return out
 
 
+def rate_at_target(policy: str, target_s: float, lo: float, hi: float, n: Callable[[float], int], seed: int = 0,
+                   rel_tol: float = 0.1, max_probes: int = 7, progress: Callable[[str], None] | None = None,
+                   **cfg_kw: Any) -> dict[str, Any]:
+    """The highest chat-workload rate (requests/s) that `policy` sustains with p99 E2E <=
+    `target_s`, by bisection on one fresh server (`labkit.loadgen.bisect`); `n(rate)` requests
+    per probe. A request that did not complete counts as an infinite E2E, so a server that
+    sheds load cannot meet the target by dropping its slow requests."""
+    from labkit.loadgen import bisect
+
+    with serve(policy, **cfg_kw) as srv:
+        def probe(rate: float) -> tuple[np.ndarray, float]:
+            res = measure(srv.url, chat_specs(n(rate), rate, seed))
+            e2e = np.array([r.e2e_s if r.ok else np.inf for r in res.measured], float)
+            s = res.summary()
+            if progress:
+                progress(f"{policy}: {rate:.2f} req/s -> {s['throughput_rps']:.2f} req/s, p99 E2E "
+                         f"{np.percentile(e2e, 99):.2f} s ({s['completed']}/{s['requests']} completed)")
+            return e2e, s["throughput_rps"]
+
+        return bisect.rate_at_target(probe, target_s, lo, hi, rel_tol=rel_tol, max_probes=max_probes, seed=seed)
+
+
 def throughput_at_target(rows: Sequence[dict[str, Any]], target_s: float, q: str = "p99") -> dict[str, Any] | None:
     """The sweep row with the highest throughput whose `q` E2E is within `target_s` seconds
     (None if no row meets it)."""
