@@ -167,3 +167,14 @@ def test_sensitive_layer_by_damage_not_by_name(capsys):
     close = dict(ctx, sensitivity={**ctx["sensitivity"], "layers.0.feed_forward.w2": 0.3})
     exercise.ask("keep_in_high_precision", **close)
     assert exercise.check("keep_in_high_precision", "w2") is True    # 3/4 of the worst: also worth keeping
+
+
+def test_selftest_mode_judges_the_reference_on_an_unanswered_check(monkeypatch):
+    monkeypatch.setenv(exercise.SELFTEST_ENV, "1")
+    exercise.ask("ridge_point", peak_flop_s=1e12, bandwidth=5e10)
+    assert exercise.check("ridge_point", None) is None
+    exercise.ask("csr_breakeven", sweep=[0.5], rows=[{"sparsity": 0.5, "csr_over_dense": 2.0}])
+    monkeypatch.setitem(exercise.EXERCISES, "csr_breakeven",
+                        exercise.dataclasses.replace(exercise.EXERCISES["csr_breakeven"], solve=lambda c: 0.1))
+    with pytest.raises(AssertionError, match="fails its own check"):
+        exercise.check("csr_breakeven", None)

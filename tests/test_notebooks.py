@@ -10,7 +10,7 @@ import nbformat
 import papermill as pm
 import pytest
 
-from labkit import ledger, notebooks
+from labkit import exercise, ledger, notebooks
 
 NOTEBOOKS = notebooks.discover()
 BUILD = Path(__file__).resolve().parent.parent / "build"
@@ -62,6 +62,7 @@ def _servers(marker: str) -> set[int]:
 def test_notebook_runs_in_smoke_mode(path, kernel, monkeypatch):
     marker = f"{path.stem}-{os.getpid()}"
     monkeypatch.setenv("LABKIT_TEST_RUN", marker)  # the kernel and any server it starts inherit it
+    monkeypatch.setenv(exercise.SELFTEST_ENV, "1")  # every exercise's reference answer must pass its check here
     result = notebooks.run_notebook(path, BUILD, size="smoke", kernel=kernel,
                                     timeout_s=PER_NOTEBOOK_TIMEOUT_S)
     assert result.output.exists()
