@@ -450,9 +450,13 @@ def check(name: str, answer: Any) -> bool | None:
     e, ctx = exercise(name), _ctx(name)
     if answer is None:
         if os.environ.get(SELFTEST_ENV):  # the test suite's notebook runs: the reference must pass here
-            ref = e.solve(ctx)
-            if not e.judge(ref, ref, ctx):
-                raise AssertionError(f"[{name}] the reference answer {ref!r} fails its own check on this run")
+            try:
+                ref = e.solve(ctx)
+            except ValueError as err:  # this run has no reference answer (e.g. a sweep without a knee)
+                print(f"[{name}] selftest: no reference answer on this run ({err})")
+            else:
+                if not e.judge(ref, ref, ctx):
+                    raise AssertionError(f"[{name}] the reference answer {ref!r} fails its own check on this run")
         print(f"[{name}] no answer yet: write yours in the cell above and run both again. Hint: {e.hint}")
         return None
     try:
