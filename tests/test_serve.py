@@ -73,7 +73,7 @@ def test_block_manager_rules():
     kv = BlockManager(10, 4, max_len=16, reserve="on_demand", watermark=0.2)
     assert kv.blocks_for(1) == 1 and kv.blocks_for(4) == 1 and kv.blocks_for(5) == 2
     assert kv.can_admit(8 * 4 - 4) and not kv.can_admit(8 * 4 + 1)  # 2 of 10 blocks kept free
-    assert kv.fits_alone(17) and "max_len" in kv.fits_alone(17)
+    assert kv.why_never_fits(17) and "max_len" in kv.why_never_fits(17)
     assert BlockManager(10, 4, max_len=16, reserve="max_len").blocks_for(1) == 4
     with pytest.raises(ValueError, match="reserve"):
         BlockManager(10, 4, reserve="lazy")
@@ -153,11 +153,11 @@ def test_static_batch_leaves_together_continuous_does_not(tiny):
     for policy in ("static", "continuous"):
         steps = []
         eng = _engine(tiny, policy=policy, max_batch=4, max_wait=10.0)
-        eng.listener = lambda evs: steps.append([r.out for r, kind, _ in evs if kind == "finish"])
+        eng.listener = lambda evs: steps.append([r.max_tokens for r, kind, _ in evs if kind == "finish"])
         reqs = [eng.submit(TOK.encode(p), n, ignore_eos=True) for p, n in zip(PROMPTS, (2, 5, 30, 9))]
         eng.run_until_idle()
         finishes[policy] = [s for s in steps if s]
-        assert [r.n_out for r in reqs] == [2, 5, 30, 9]
+        assert [r.n_client_tokens for r in reqs] == [2, 5, 30, 9]
         assert eng.kv_stats()["blocks_used"] == 0
     assert finishes["static"] == [[2, 5, 30, 9]], "a static batch ends in one step, at its longest member"
     assert finishes["continuous"] == [[2], [5], [9], [30]], "continuous batching lets each leave when done"

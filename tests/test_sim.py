@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from labkit.sim import KVCache, LinearCost, RooflineCost, constant, make, metrics, simulate, synthetic
+from labkit.sim import KVMemory, LinearCost, RooflineCost, constant, make, metrics, simulate, synthetic
 from labkit.sim import cost as costmod
 from labkit.sim import kv as kvmod
 from labkit.sim import sweep, workload
@@ -32,7 +32,7 @@ def test_invariants_on_random_workloads(n, rate, seed, sched, mode, block, capac
     wl = wl.merge(half) if queue != "fifo" else wl
     pools = {0: 0.5} if queue == "pools" else None
     policy = make(sched, max_batch=max_batch, max_wait=0.02, token_budget=budget, queue=queue, pools=pools)
-    kv = KVCache(capacity, mode, block_size=block, max_len=320)
+    kv = KVMemory(capacity, mode, block_size=block, max_len=320)
     res = simulate(wl, policy, COST, kv)
     done = res.done
     rejected = np.zeros(len(wl), bool)
@@ -52,7 +52,7 @@ def test_invariants_on_random_workloads(n, rate, seed, sched, mode, block, capac
 
 def test_same_seed_same_result():
     runs = [simulate(synthetic(3000, 30, seed=7), make("continuous", max_batch=32), COST,
-                     KVCache(20_000, block_size=16)) for _ in range(2)]
+                     KVMemory(20_000, block_size=16)) for _ in range(2)]
     for key in ("t_done", "t_first", "t_sched"):
         np.testing.assert_array_equal(getattr(runs[0], key), getattr(runs[1], key))
     assert runs[0].n_steps == runs[1].n_steps
@@ -111,7 +111,7 @@ def test_static_waits_for_a_full_batch_or_the_timeout():
 
 def test_continuous_beats_static_on_p99_and_throughput():
     wl = synthetic(4000, 12, seed=3)
-    s = {k: metrics.summary(simulate(wl, make(k, max_batch=32, max_wait=0.1), COST, KVCache(100_000)))
+    s = {k: metrics.summary(simulate(wl, make(k, max_batch=32, max_wait=0.1), COST, KVMemory(100_000)))
          for k in ("static", "continuous")}
     assert s["continuous"]["e2e"]["p99"] < s["static"]["e2e"]["p99"]
     assert s["continuous"]["throughput_rps"] >= s["static"]["throughput_rps"]
@@ -119,10 +119,10 @@ def test_continuous_beats_static_on_p99_and_throughput():
 
 def test_chunked_prefill_respects_the_token_budget_and_spares_decodes():
     wl = synthetic(400, 20, seed=2, prompt={"kind": "fixed", "mean": 1000})
-    res = simulate(wl, make("chunked", max_batch=16, token_budget=256), COST, KVCache(10**6))
+    res = simulate(wl, make("chunked", max_batch=16, token_budget=256), COST, KVMemory(10**6))
     tl = res.timeline
     assert np.all(tl["prefill"] + tl["decode"] <= 256)
-    cont = simulate(wl, make("continuous", max_batch=16), COST, KVCache(10**6))
+    cont = simulate(wl, make("continuous", max_batch=16), COST, KVMemory(10**6))
     assert metrics.summary(res)["itl"]["p99"] < metrics.summary(cont)["itl"]["p99"]
 
 
@@ -132,7 +132,7 @@ def test_priority_and_pools_protect_online_ttft():
     wl = online.merge(offline)
     ttft = {}
     for q, pools in (("fifo", None), ("priority", None), ("pools", {0: 0.25})):
-        res = simulate(wl, make("continuous", max_batch=16, queue=q, pools=pools), COST, KVCache(10**6))
+        res = simulate(wl, make("continuous", max_batch=16, queue=q, pools=pools), COST, KVMemory(10**6))
         ttft[q] = metrics.summary(res, cls=0)["ttft"]["p99"]
     assert ttft["priority"] < ttft["fifo"] / 2 and ttft["pools"] < ttft["fifo"] / 2
 
@@ -145,7 +145,7 @@ def test_bad_scheduler_and_parameters_raise_value_errors():
     with pytest.raises(ValueError, match="max_batch"):
         make("continuous", max_batch=0)
     with pytest.raises(ValueError, match="mode"):
-        KVCache(100, "slabs")
+        KVMemory(100, "slabs")
     with pytest.raises(ValueError, match="kind"):
         workload.lengths(3, "zipf")
 
@@ -159,14 +159,14 @@ def test_paged_fits_more_sequences_than_contiguous():
 
 def test_memory_pressure_preempts_and_everything_still_completes():
     wl = synthetic(300, 50, seed=4, output={"kind": "fixed", "mean": 200})
-    res = simulate(wl, make("continuous", max_batch=64), COST, KVCache(4000, block_size=16, max_len=2000))
+    res = simulate(wl, make("continuous", max_batch=64), COST, KVMemory(4000, block_size=16, max_len=2000))
     assert res.preemptions.sum() > 0 and res.done.all()
     assert len(res.extra_itl) == res.preemptions.sum()
 
 
 def test_oversized_requests_are_rejected_with_a_reason():
     wl = workload.Workload([0, 1], [10, 3000], [5, 5], [0, 0])
-    res = simulate(wl, make("continuous"), COST, KVCache(1000, max_len=4096))
+    res = simulate(wl, make("continuous"), COST, KVMemory(1000, max_len=4096))
     assert res.done[0] and 1 in res.rejected and "capacity" in res.rejected[1]
 
 
@@ -195,7 +195,7 @@ def test_tpot_follows_vllm_definition():
 
 def test_knee_is_found_below_saturation():
     rows = sweep.load_sweep([2, 4, 8, 12, 16, 24, 32], lambda r: synthetic(1500, r, seed=5),
-                            lambda: make("continuous", max_batch=32), COST, lambda: KVCache(100_000))
+                            lambda: make("continuous", max_batch=32), COST, lambda: KVMemory(100_000))
     k = sweep.knee(rows)
     assert k is not None and 4 <= k["rate"] < 32
 

@@ -26,7 +26,7 @@ from labkit.sim import cost as _cost
 from labkit.sim import metrics
 from labkit.sim.cost import CostModel
 from labkit.sim.engine import simulate
-from labkit.sim.kv import KVCache
+from labkit.sim.kv import KVMemory
 from labkit.sim.result import Result
 from labkit.sim.schedulers import make
 from labkit.sim.workload import Workload
@@ -51,7 +51,7 @@ class SimServer:
 
     def run(self, wl: Workload, cost: CostModel) -> Result:
         pol = make(self.policy, max_batch=self.max_batch, max_wait=self.max_wait, max_queue=self.max_queue)
-        return simulate(wl, pol, cost, KVCache(self.kv_tokens, "paged", self.block_size, self.max_len,
+        return simulate(wl, pol, cost, KVMemory(self.kv_tokens, "paged", self.block_size, self.max_len,
                                                self.watermark))
 
 

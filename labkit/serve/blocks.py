@@ -16,8 +16,9 @@ PagedAttention layout).
   the reservation sits empty.
 
 It also answers the admission questions of `labkit.sim.schedulers` policies with the
-same names as `labkit.sim.kv.KVCache` (`blocks_for`, `free`, `total`, `can_admit`,
-`fits_alone`), so one policy drives the simulator and the real engine.
+same names as `labkit.sim.kv.KVMemory` (`blocks_for`, `free`, `total`, `can_admit`,
+`why_never_fits`; the `labkit.sim.schedulers.KVView` protocol), so one policy drives the
+simulator and the real engine.
 """
 
 from __future__ import annotations
@@ -74,8 +75,9 @@ class BlockManager:
         keeping the watermark free."""
         return self.free - self.blocks_for(max(tokens, final_tokens)) >= self.reserve_min
 
-    def fits_alone(self, tokens: int) -> str | None:
-        """None if a sequence reaching `tokens` tokens can ever run, else the reason."""
+    def why_never_fits(self, tokens: int) -> str | None:
+        """Why a sequence reaching `tokens` tokens could never run, even alone (a reason to
+        reject it at submission); None if it can."""
         if tokens > self.max_len:
             return f"prompt + output = {tokens} tokens > max_len {self.max_len}"
         if self.blocks_for(tokens) > self.total - self.reserve_min:

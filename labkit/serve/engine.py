@@ -4,9 +4,9 @@ One `step()` is one iteration, as in Orca and vLLM: the policy (the *same* objec
 simulator runs, `labkit.sim.schedulers`) admits waiting requests and plans prompt
 tokens; then every running sequence past its prompt decodes one token and the planned
 prompt tokens are processed, in one or two model passes over the paged cache. The
-engine exposes the handles a policy uses (`now`, `running`, `prefilling`, `n_running`,
-`n_decode`, `running_by_class`, `kv`, `admit`, `prefill`), so "continuous", "static",
-"none", "dynamic" and "chunked" drive it unchanged.
+engine is the `labkit.sim.schedulers.ServerView` a policy uses (`now`, `running`,
+`prefilling`, `n_running`, `n_decode`, `running_by_class`, `kv`, `admit`, `prefill`), so
+"continuous", "static", "none", "dynamic" and "chunked" drive it unchanged.
 
 Memory: admission takes the blocks for a request's prompt (`BlockManager`), decoding
 takes one more block whenever a sequence crosses a block boundary; when none is free
@@ -123,25 +123,25 @@ class EngineConfig(EngineSettings):
 class Request:
     """One request inside the engine. Lengths in tokens, times in s (time.monotonic()).
 
-    The attributes a policy reads have the simulator's names: id, arrival, prompt (prompt
-    tokens), out (max_tokens), cls, priority, eff_prompt, eff_out, target (tokens to
-    (re)compute before the next token), prefilled, decoding. `out_ids` are the tokens
-    generated so far (static batching's padding steps included); `n_out` of them belong
-    to the client."""
+    It is the `labkit.sim.schedulers.SeqView` a policy reads (the simulator's names): id,
+    arrival, prompt (prompt tokens), max_tokens, cls, priority, eff_prompt, eff_max_tokens,
+    target (tokens to (re)compute before the next token), prefilled, decoding.
+    `generated_ids` are the tokens generated so far (static batching's padding steps
+    included); the first `n_client_tokens` of them are the client's (`tokens`)."""
 
     def __init__(self, rid: int, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams,
                  generator: torch.Generator | None, ignore_eos: bool, priority: int, arrival: float, tag: Any):
-        self.id, self.prompt_ids, self.out, self.sampling = rid, prompt_ids, max_tokens, sampling
+        self.id, self.prompt_ids, self.max_tokens, self.sampling = rid, prompt_ids, max_tokens, sampling
         self.generator, self.ignore_eos, self.priority, self.arrival, self.tag = \
             generator, ignore_eos, priority, arrival, tag
         self.prompt = self.eff_prompt = len(prompt_ids)
-        self.eff_out = max_tokens
+        self.eff_max_tokens = max_tokens
         self.cls = 0
         self.target = self.prompt
         self.prefilled = self.kv_len = self.preemptions = 0
         self.decoding = False
-        self.out_ids: list[int] = []
-        self.n_out = 0
+        self.generated_ids: list[int] = []
+        self.n_client_tokens = 0
         self.own_done = False  # the client's tokens are all there (static batching may keep it running)
         self.state = "waiting"  # waiting | running | done
         self.finish_reason: str | None = None  # stop | length | cancelled | error
@@ -150,12 +150,12 @@ class Request:
         # time.monotonic() s: handed to the engine, first admitted, last token so far
         self.t_submit = self.t_admit = self.t_last = math.nan
         self.logprobs: int | None = None  # top alternatives to record per token (None: none)
-        self.lp: list = []  # one `labkit.serve.logprobs` record per out_ids entry, when logprobs is set
+        self.lp: list = []  # one `labkit.serve.logprobs` record per generated_ids entry, when logprobs is set
 
     @property
     def tokens(self) -> list[int]:
         """The client's generated tokens."""
-        return self.out_ids[: self.n_out]
+        return self.generated_ids[: self.n_client_tokens]
 
     @property
     def ttft(self) -> float:
@@ -174,10 +174,10 @@ class Request:
         return {"ttft": self.ttft, "e2e": self.e2e, "queue": self.t_admit - self.t_submit,
                 "prefill": self.t_first - self.t_admit, "decode": last - self.t_first,
                 "inference": last - self.t_admit,
-                "tpot": (last - self.t_first) / (self.n_out - 1) if self.n_out > 1 else math.nan}
+                "tpot": (last - self.t_first) / (self.n_client_tokens - 1) if self.n_client_tokens > 1 else math.nan}
 
     def __repr__(self) -> str:
-        return (f"Request({self.id}, {self.state}, prompt={self.prompt}, out={self.n_out}/{self.out}, "
+        return (f"Request({self.id}, {self.state}, prompt={self.prompt}, tokens={self.n_client_tokens}/{self.max_tokens}, "
                 f"reason={self.finish_reason})")
 
 
@@ -267,7 +267,7 @@ class Engine:
         if not (isinstance(max_tokens, int) and 1 <= max_tokens <= limit - len(ids)):
             raise InvalidRequest(f"max_tokens={max_tokens!r} not allowed for a {len(ids)}-token prompt: "
                                  f"allowed 1..{limit - len(ids)} (max_model_len {limit})", "max_tokens")
-        why = self.kv.fits_alone(len(ids) + max_tokens)
+        why = self.kv.why_never_fits(len(ids) + max_tokens)
         if why:
             raise InvalidRequest(f"max_tokens={max_tokens} with a {len(ids)}-token prompt cannot fit the KV "
                                  f"cache: {why}", "max_tokens")
@@ -308,7 +308,7 @@ class Engine:
     def admit(self, req: Request) -> None:
         """Move `req` into the running set with the KV blocks for its prompt (+ any output
         it had before a preemption, which is recomputed)."""
-        req.target = req.prompt + len(req.out_ids)
+        req.target = req.prompt + len(req.generated_ids)
         req.prefilled = req.kv_len = 0
         self.kv.allocate(req.id, req.target)
         self.running[req.id] = req
@@ -406,9 +406,9 @@ class Engine:
         model, dev = self.model, self.model.device
         view = self.pool.view([self.kv.tables[r.id] for r, _ in rows], [r.kv_len for r, _ in rows])
         if all(k == 0 for _, k in rows):
-            logits = model.decode_step(torch.tensor([r.out_ids[-1] for r, _ in rows], device=dev), view)
+            logits = model.decode_step(torch.tensor([r.generated_ids[-1] for r, _ in rows], device=dev), view)
         else:
-            chunks = [(r.prompt_ids + r.out_ids)[r.prefilled: r.prefilled + k] if k else [r.out_ids[-1]]
+            chunks = [(r.prompt_ids + r.generated_ids)[r.prefilled: r.prefilled + k] if k else [r.generated_ids[-1]]
                       for r, k in rows]
             width = max(len(c) for c in chunks)
             tokens = torch.zeros(len(rows), width, dtype=torch.long)
@@ -446,10 +446,10 @@ class Engine:
         return out
 
     def _append(self, r: Request, tok: int) -> None:
-        r.out_ids.append(tok)
+        r.generated_ids.append(tok)
         if r.own_done:
             return  # static batching's padding work
-        r.n_out += 1
+        r.n_client_tokens += 1
         if math.isnan(r.t_first):
             r.t_first = self.now
         else:
@@ -458,10 +458,10 @@ class Engine:
         self._events.append((r, "token", tok))
         if tok == self.cfg.eos_id and not r.ignore_eos:
             r.own_done, r.finish_reason = True, "stop"
-        elif r.n_out >= r.out:
+        elif r.n_client_tokens >= r.max_tokens:
             r.own_done, r.finish_reason = True, "length"
         if r.own_done:
-            self.metrics.add("generation_tokens", r.n_out)
+            self.metrics.add("generation_tokens", r.n_client_tokens)
             if not self.hold_batch:  # static batching finishes the whole batch at the end of step()
                 self._finish(r, r.finish_reason)
 
@@ -481,7 +481,7 @@ class Engine:
         """Recompute preemption: drop `r`'s KV; it waits again and redoes prompt + output."""
         self._release(r)
         r.kv_len = r.prefilled = 0
-        r.target = r.prompt + len(r.out_ids)  # what admission will have to recompute
+        r.target = r.prompt + len(r.generated_ids)  # what admission will have to recompute
         r.state = "waiting"
         r.preemptions += 1
         self.metrics.add("preemptions")

@@ -1,4 +1,4 @@
-"""The discrete-event engine: a server that runs steps, one `CostModel` call per step.
+"""The discrete-event simulator: a server that runs steps, one `CostModel` call per step.
 
 Time only moves when a step runs (by its cost) or when the server idles to the next
 arrival or timer. Each step: every running sequence past its prompt decodes one token,
@@ -14,12 +14,11 @@ from __future__ import annotations
 import heapq
 import math
 from array import array
-from typing import Any
 
 import numpy as np
 
 from labkit.sim.cost import CostModel
-from labkit.sim.kv import KVCache
+from labkit.sim.kv import KVMemory
 from labkit.sim.result import Result
 from labkit.sim.schedulers import Policy
 from labkit.sim.workload import Workload
@@ -28,13 +27,14 @@ from labkit.sim.workload import Workload
 class Seq:
     """One request inside the server. Lengths in tokens, times in s."""
 
-    __slots__ = ("id", "arrival", "prompt", "out", "cls", "priority", "eff_prompt", "eff_out", "generated",
-                 "target", "prefilled", "blocks", "decoding", "ctx0", "s0", "epoch", "t_sched", "t_first",
-                 "t_last", "preemptions")
+    __slots__ = ("id", "arrival", "prompt", "max_tokens", "cls", "priority", "eff_prompt", "eff_max_tokens",
+                 "generated", "target", "prefilled", "blocks", "decoding", "ctx0", "s0", "epoch", "t_sched",
+                 "t_first", "t_last", "preemptions")
 
-    def __init__(self, i: int, arrival: float, prompt: int, out: int, cls: int, priority: int):
-        self.id, self.arrival, self.prompt, self.out, self.cls, self.priority = i, arrival, prompt, out, cls, priority
-        self.eff_prompt, self.eff_out = prompt, out  # static batching pads these
+    def __init__(self, i: int, arrival: float, prompt: int, max_tokens: int, cls: int, priority: int):
+        self.id, self.arrival, self.prompt, self.max_tokens = i, arrival, prompt, max_tokens
+        self.cls, self.priority = cls, priority
+        self.eff_prompt, self.eff_max_tokens = prompt, max_tokens  # static batching pads these
         self.generated = self.prefilled = self.blocks = self.epoch = self.preemptions = 0
         self.target = prompt  # prompt tokens to (re)compute before the next token
         self.decoding = False
@@ -42,13 +42,15 @@ class Seq:
         self.t_sched = self.t_first = self.t_last = math.nan
 
 
-class Server:
-    """Runs `workload` through `policy` with step times from `cost` and memory from `kv`."""
+class Simulator:
+    """Runs `workload` through `policy` with step times from `cost` and memory from `kv`.
 
-    def __init__(self, workload: Workload, policy: Policy, cost: CostModel, kv: KVCache | None = None,
+    It is the `ServerView` a policy schedules on (see `labkit.sim.schedulers`)."""
+
+    def __init__(self, workload: Workload, policy: Policy, cost: CostModel, kv: KVMemory | None = None,
                  max_steps: int = 50_000_000):
         self.w, self.policy, self.cost = workload, policy, cost
-        self.kv = kv or KVCache(capacity=10**12, mode="paged", max_len=10**9)
+        self.kv = kv or KVMemory(capacity=10**12, mode="paged", max_len=10**9)
         self.max_steps = max_steps
         self.now = 0.0
         self.step_no = 0  # steps completed
@@ -72,6 +74,14 @@ class Server:
         # KV blocks in use, KV tokens stored
         self.tl = {k: array("d") for k in ("t", "dt")}
         self.tl.update({k: array("q") for k in ("decode", "prefill", "batch", "kv_blocks", "kv_tokens")})
+        self._record = tuple(self.tl[k].append for k in ("t", "dt", "decode", "prefill", "batch", "kv_blocks",
+                                                         "kv_tokens"))  # bound once: the hot loop calls them
+        # The workload as lists (indexing a list beats indexing a numpy array in a Python loop).
+        self._arrival, self._prompt = workload.arrival.tolist(), workload.prompt.tolist()
+        self._max_tokens, self._cls = workload.output.tolist(), workload.cls.tolist()
+        self._priority = [c.priority for c in workload.classes]  # by class
+        self.next_arrival = 0  # index of the first request not yet handed to the policy
+        self.wake: float | None = None  # time (s) the policy asked to be woken at, if any
 
     # ---------------------------------------------------------------- the policy's handles
 
@@ -108,7 +118,7 @@ class Server:
         seq.ctx0, seq.s0 = seq.target, self.step_no
         self.phase[(seq.ctx0 - seq.s0) % len(self.phase)] += 1
         self.n_decode += 1
-        heapq.heappush(self.heap, (self.step_no + seq.eff_out - seq.generated, seq.id, seq.epoch, seq))
+        heapq.heappush(self.heap, (self.step_no + seq.eff_max_tokens - seq.generated, seq.id, seq.epoch, seq))
 
     def _stop_decode(self, seq: Seq) -> int:
         """Take `seq` out of the decode set; return its stored KV tokens."""
@@ -146,87 +156,127 @@ class Server:
     # ---------------------------------------------------------------- the loop
 
     def run(self) -> Result:
-        w, kv, policy, cost = self.w, self.kv, self.policy, self.cost
-        arr, pro, out, cls = w.arrival.tolist(), w.prompt.tolist(), w.output.tolist(), w.cls.tolist()
-        prio = [c.priority for c in w.classes]
-        n, ai = len(arr), 0
-        phase, heap, nb = self.phase, self.heap, len(self.phase)
-        tl = self.tl
-        t_app, dt_app, dec_app, pre_app = tl["t"].append, tl["dt"].append, tl["decode"].append, tl["prefill"].append
-        bat_app, kvb_app, kvt_app = tl["batch"].append, tl["kv_blocks"].append, tl["kv_tokens"].append
-        step_time = cost.step_time
-        wake: float | None = None
-        inf = math.inf
+        """Alternate planning (the policy) and running steps until no request is left."""
         while True:
-            # ---- deliver arrivals and let the policy plan the next step
-            while ai < n and arr[ai] <= self.now:
-                seq = Seq(ai, arr[ai], pro[ai], out[ai], cls[ai], prio[cls[ai]])
-                why = kv.fits_alone(seq.prompt + seq.out - 1) or policy.add(seq)
-                if why:
-                    self.rejected[ai] = why
-                ai += 1
+            self._deliver_arrivals()
             self.plan.clear()
-            wake = policy.schedule(self)
-            if not self.plan and not self.n_decode:
-                nxt = min(arr[ai] if ai < n else inf, wake if wake is not None else inf)
-                if nxt == inf:
-                    if self.running or policy.waiting:
-                        raise RuntimeError(f"deadlock: {policy.waiting} waiting, {len(self.running)} running, "
-                                           "nothing schedulable")
-                    break
-                self.now = max(self.now, nxt)
-                continue
-            # ---- steps: the first may carry prompt tokens; then decode-only until something changes
-            plan = self.plan
-            while True:
-                if kv.paged and self.n_decode:
-                    need = phase[-self.step_no % nb]
-                    while need > kv.free:  # out of blocks: preempt until the growth fits
-                        victim = policy.victim(self)
-                        if victim is None:
-                            raise RuntimeError("KV exhausted with no decoding sequence to preempt")
-                        self._preempt(victim)  # victims decode, so none is in `plan`
-                        need = phase[-self.step_no % nb]
-                    kv.free -= need
-                p_tok = sum(k for _, k in plan) if plan else 0
-                b = self.n_decode
-                dt = step_time(b, p_tok, self.ctx + p_tok)
-                self.now += dt
-                self.step_no += 1
-                self.ctx += b + p_tok
-                t_app(self.now); dt_app(dt); dec_app(b); pre_app(p_tok); bat_app(len(self.running))
-                kvb_app(kv.total - kv.free); kvt_app(self.ctx)
-                changed = False
-                if plan:
-                    changed = True
-                    for seq, k in plan:
-                        seq.prefilled += k
-                        if seq.prefilled == seq.target:
-                            self.prefilling.remove(seq)
-                            if seq.generated == 0:
-                                seq.t_first = self.now
-                            else:
-                                self.extra_itl.append(self.now - seq.t_last)
-                            seq.generated += 1
-                            if seq.generated >= seq.eff_out:
-                                self._finish(seq)
-                            else:
-                                self._start_decode(seq)
-                    plan = ()
-                while heap and heap[0][0] <= self.step_no:
-                    _, _, epoch, seq = heapq.heappop(heap)
-                    if epoch == seq.epoch:
-                        self._finish(seq)
-                        changed = True
-                if changed or self.step_no >= self.max_steps or (ai < n and arr[ai] <= self.now) \
-                        or (wake is not None and wake <= self.now) or not self.n_decode:
-                    break
-            if self.step_no >= self.max_steps:
-                raise RuntimeError(f"stopped after max_steps={self.max_steps} steps")
-        return Result.build(self)
+            self.wake = self.policy.schedule(self)
+            if self.plan or self.n_decode:
+                self._run_steps()
+                if self.step_no >= self.max_steps:
+                    raise RuntimeError(f"stopped after max_steps={self.max_steps} steps")
+            elif not self._idle_to_next_event():
+                return Result.build(self)
+
+    def _deliver_arrivals(self) -> None:
+        """Hand every request that has arrived by `now` to the policy, or reject it."""
+        arrivals, i, n = self._arrival, self.next_arrival, len(self._arrival)
+        while i < n and arrivals[i] <= self.now:
+            cls = self._cls[i]
+            seq = Seq(i, arrivals[i], self._prompt[i], self._max_tokens[i], cls, self._priority[cls])
+            why = self.kv.why_never_fits(seq.prompt + seq.max_tokens - 1) or self.policy.add(seq)
+            if why:
+                self.rejected[i] = why
+            i += 1
+        self.next_arrival = i
+
+    def _next_event(self) -> float:
+        """Time (s) of the next arrival or policy timer; inf if there is none."""
+        i = self.next_arrival
+        arrival = self._arrival[i] if i < len(self._arrival) else math.inf
+        return min(arrival, self.wake if self.wake is not None else math.inf)
+
+    def _idle_to_next_event(self) -> bool:
+        """Nothing to run: move the clock to the next arrival or timer. False if there is
+        none, i.e. the run is over."""
+        nxt = self._next_event()
+        if nxt == math.inf:
+            if self.running or self.policy.waiting:
+                raise RuntimeError(f"deadlock: {self.policy.waiting} waiting, {len(self.running)} running, "
+                                   "nothing schedulable")
+            return False
+        self.now = max(self.now, nxt)
+        return True
+
+    def _run_steps(self) -> None:
+        """Run steps: the first carries the planned prompt tokens, then decode-only steps
+        until something changes (a completion, an arrival, the policy's timer, max_steps).
+
+        This is the hot loop, run once per simulated step: what it reads often is bound to
+        locals, and the rare events (preemption, prompt completion, finishing) are methods."""
+        kv, phase, heap, step_time = self.kv, self.phase, self.heap, self.cost.step_time
+        paged, n_phases, max_steps = kv.paged, len(self.phase), self.max_steps
+        t_app, dt_app, dec_app, pre_app, bat_app, kvb_app, kvt_app = self._record
+        until = self._next_event()  # replan once the clock reaches it
+        plan = self.plan
+        while True:
+            if paged and self.n_decode:
+                # sequences whose context crosses a block boundary this step take one block each
+                grow = phase[-self.step_no % n_phases]
+                if grow > kv.free:
+                    grow = self._preempt_for_growth()
+                kv.free -= grow
+            prompt_tokens = sum(k for _, k in plan) if plan else 0
+            decoding = self.n_decode
+            dt = step_time(decoding, prompt_tokens, self.ctx + prompt_tokens)
+            self.now += dt
+            self.step_no += 1
+            self.ctx += decoding + prompt_tokens
+            t_app(self.now); dt_app(dt); dec_app(decoding); pre_app(prompt_tokens); bat_app(len(self.running))
+            kvb_app(kv.total - kv.free); kvt_app(self.ctx)
+            changed = False
+            if plan:
+                self._complete_prompts(plan)
+                plan = ()
+                changed = True
+            if heap and heap[0][0] <= self.step_no:
+                changed = self._finish_due() or changed
+            if changed or not self.n_decode or self.now >= until or self.step_no >= max_steps:
+                return
+
+    def _preempt_for_growth(self) -> int:
+        """Out of blocks for this step's growth: preempt (the policy picks) until it fits;
+        returns the blocks the remaining decoders take."""
+        phase, n_phases = self.phase, len(self.phase)
+        grow = phase[-self.step_no % n_phases]
+        while grow > self.kv.free:
+            victim = self.policy.victim(self)
+            if victim is None:
+                raise RuntimeError("KV exhausted with no decoding sequence to preempt")
+            self._preempt(victim)  # victims decode, so none is in the plan
+            grow = phase[-self.step_no % n_phases]
+        return grow
+
+    def _complete_prompts(self, plan: list[tuple[Seq, int]]) -> None:
+        """Count the prompt tokens the step just ran; a sequence whose prompt is complete
+        emits a token and starts decoding (or finishes, if that was its last)."""
+        for seq, k in plan:
+            seq.prefilled += k
+            if seq.prefilled == seq.target:
+                self.prefilling.remove(seq)
+                if seq.generated == 0:
+                    seq.t_first = self.now
+                else:  # recomputed after a preemption: the token gap spans the wait
+                    self.extra_itl.append(self.now - seq.t_last)
+                seq.generated += 1
+                if seq.generated >= seq.eff_max_tokens:
+                    self._finish(seq)
+                else:
+                    self._start_decode(seq)
+
+    def _finish_due(self) -> bool:
+        """Finish the decoders whose last token came out this step; True if any did (heap
+        entries of a preempted run, an older epoch, are skipped)."""
+        heap, finished = self.heap, False
+        while heap and heap[0][0] <= self.step_no:
+            _, _, epoch, seq = heapq.heappop(heap)
+            if epoch == seq.epoch:
+                self._finish(seq)
+                finished = True
+        return finished
 
 
-def simulate(workload: Workload, policy: Policy, cost: CostModel, kv: KVCache | None = None) -> Result:
+def simulate(workload: Workload, policy: Policy, cost: CostModel, kv: KVMemory | None = None) -> Result:
     """Run `workload` through `policy` on a server with step times from `cost` and KV memory `kv`
     (default: unlimited). Deterministic: same inputs, same result."""
-    return Server(workload, policy, cost, kv).run()
+    return Simulator(workload, policy, cost, kv).run()

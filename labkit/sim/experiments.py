@@ -13,7 +13,7 @@ from labkit.sim import kv as kvmod
 from labkit.sim import metrics, sweep
 from labkit.sim.cost import CostModel, RooflineCost
 from labkit.sim.engine import simulate
-from labkit.sim.kv import KVCache
+from labkit.sim.kv import KVMemory
 from labkit.sim.result import Result
 from labkit.sim.schedulers import make
 from labkit.sim.workload import OFFLINE, ONLINE, RequestClass, Workload, synthetic
@@ -29,8 +29,8 @@ class Setup:
     max_len: int = 4096
     max_batch: int = 128
 
-    def kv(self, mode: str = "paged", block_size: int | None = None) -> KVCache:
-        return KVCache(self.kv_tokens, mode, block_size or self.block_size, self.max_len)
+    def kv(self, mode: str = "paged", block_size: int | None = None) -> KVMemory:
+        return KVMemory(self.kv_tokens, mode, block_size or self.block_size, self.max_len)
 
 
 def reference(hardware: str = "A100 80GB SXM", efficiency: float = 0.6, utilization: float = 0.9,

@@ -43,8 +43,9 @@ def capacity_tokens(memory_bytes: float, weight_bytes: float, bytes_per_token: i
 
 
 @dataclasses.dataclass
-class KVCache:
-    """KV memory of `capacity` tokens, managed `mode`-wise ("paged" | "contiguous").
+class KVMemory:
+    """KV memory of `capacity` tokens, managed `mode`-wise ("paged" | "contiguous"). It only
+    counts blocks (the tensors a real model caches into are `labkit.model.KVCache`).
 
     block_size: tokens per block (paged). max_len: tokens reserved per sequence (contiguous)
     and the longest prompt + output accepted. watermark: fraction of blocks kept free at
@@ -75,8 +76,9 @@ class KVCache:
         """Blocks a sequence holding `tokens` tokens occupies."""
         return -(-tokens // self.unit) if self.paged else self.max_len
 
-    def fits_alone(self, tokens: int) -> str | None:
-        """None if a sequence that reaches `tokens` tokens can ever run, else the reason."""
+    def why_never_fits(self, tokens: int) -> str | None:
+        """Why a sequence that reaches `tokens` tokens could never run, even alone (a reason to
+        reject it at arrival); None if it can."""
         if tokens > self.max_len:
             return f"prompt + output = {tokens} tokens > max_len {self.max_len}"
         if self.blocks_for(tokens) > self.total:
@@ -101,5 +103,5 @@ class KVCache:
 
 def max_concurrency(capacity: int, seq_tokens: int, mode: str, block_size: int = 16, max_len: int = 4096) -> int:
     """How many sequences of `seq_tokens` tokens fit at once (no watermark)."""
-    kv = KVCache(capacity, mode, block_size, max_len, watermark=0)
+    kv = KVMemory(capacity, mode, block_size, max_len, watermark=0)
     return kv.total // kv.blocks_for(seq_tokens)

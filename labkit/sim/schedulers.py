@@ -10,17 +10,63 @@ A policy owns the waiting queue(s). The server calls
   It returns a time (s) to be woken at if it is waiting on a timer, else None,
 * `victim(srv)` when memory runs out: the decoding sequence to preempt.
 
-`srv` exposes: now (s), running (dict id -> seq, admission order), prefilling (list),
-n_running, n_decode, running_by_class (list), kv (`KVCache`), admit, prefill.
-Sequences expose: id, arrival, prompt, out, cls, priority, target (prompt tokens to
-(re)compute), prefilled, eff_prompt, eff_out.
+What a policy may touch is declared below: `ServerView` (the simulator's `Simulator`, the
+real `labkit.serve.engine.Engine`), `KVView` (`labkit.sim.kv.KVMemory`,
+`labkit.serve.blocks.BlockManager`) and `SeqView` (`labkit.sim.engine.Seq`,
+`labkit.serve.engine.Request`). Lengths in tokens, times in s.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
+
+
+class SeqView(Protocol):
+    """A sequence as a policy sees it."""
+
+    id: int
+    arrival: float  # s
+    prompt: int  # prompt tokens
+    max_tokens: int  # tokens to generate at most
+    cls: int  # index into the workload's request classes
+    priority: int  # lower runs first
+    eff_prompt: int  # prompt tokens as processed (static batching pads them)
+    eff_max_tokens: int  # output tokens as run (static batching pads them)
+    target: int  # prompt tokens to (re)compute before the next token
+    prefilled: int  # of `target`, processed so far
+    decoding: bool  # past its prompt, one token per step
+
+
+class KVView(Protocol):
+    """KV memory as a policy sees it, counted in blocks."""
+
+    free: int  # blocks
+
+    def blocks_for(self, tokens: int) -> int: ...
+
+    def can_admit(self, tokens: int, final_tokens: int = 0) -> bool: ...
+
+
+class ServerView(Protocol):
+    """The server a policy schedules on."""
+
+    now: float  # s
+    running: dict[int, SeqView]  # id -> sequence, in admission order
+    prefilling: list[SeqView]  # running, with prompt tokens left
+    n_decode: int
+    running_by_class: list[int]
+    kv: KVView
+
+    @property
+    def n_running(self) -> int: ...
+
+    def admit(self, seq: SeqView) -> None:
+        """Move `seq` into the running set, taking KV for its prompt."""
+
+    def prefill(self, seq: SeqView, tokens: int) -> None:
+        """Process `tokens` of `seq`'s prompt in the next step."""
 
 QUEUES = ("fifo", "priority", "pools")
 
@@ -30,15 +76,15 @@ class WaitQueue:
 
     def __init__(self, by_priority: bool = False):
         self.by_priority = by_priority
-        self.heap: list[tuple[int, float, int, Any]] = []
+        self.heap: list[tuple[int, float, int, SeqView]] = []
 
-    def push(self, seq: Any) -> None:
+    def push(self, seq: SeqView) -> None:
         heapq.heappush(self.heap, (seq.priority if self.by_priority else 0, seq.arrival, seq.id, seq))
 
-    def peek(self) -> Any:
+    def peek(self) -> SeqView:
         return self.heap[0][3]
 
-    def pop(self) -> Any:
+    def pop(self) -> SeqView:
         return heapq.heappop(self.heap)[3]
 
     def __len__(self) -> int:
@@ -67,7 +113,7 @@ class Policy:
         self.queues: dict[int, WaitQueue] = {}
         self.waiting = 0
 
-    def remove(self, seq: Any) -> bool:
+    def remove(self, seq: SeqView) -> bool:
         """Take a waiting `seq` out of its queue (a cancelled request); False if it was not there."""
         q = self._queue(seq)
         kept = [e for e in q.heap if e[3] is not seq]
@@ -78,7 +124,7 @@ class Policy:
         self.waiting -= 1
         return True
 
-    def _queue(self, seq: Any) -> WaitQueue:
+    def _queue(self, seq: SeqView) -> WaitQueue:
         key = seq.cls if self.queue_kind == "pools" else 0
         if key not in self.queues:
             self.queues[key] = WaitQueue(by_priority=self.queue_kind == "priority")
@@ -92,18 +138,18 @@ class Policy:
             return max(1, int(self.pools[key] * self.max_batch))
         return max(1, self.max_batch - sum(max(1, int(f * self.max_batch)) for f in self.pools.values()))
 
-    def add(self, seq: Any) -> str | None:
+    def add(self, seq: SeqView) -> str | None:
         if self.max_queue is not None and self.waiting >= self.max_queue:
             return f"queue full ({self.max_queue} waiting)"
         self._queue(seq).push(seq)
         self.waiting += 1
         return None
 
-    def requeue(self, seq: Any) -> None:
+    def requeue(self, seq: SeqView) -> None:
         self._queue(seq).push(seq)
         self.waiting += 1
 
-    def pop(self, q: WaitQueue) -> Any:
+    def pop(self, q: WaitQueue) -> SeqView:
         self.waiting -= 1
         return q.pop()
 
@@ -116,7 +162,7 @@ class Policy:
         qs.sort(key=lambda kq: (kq[1].peek().priority, kq[1].peek().arrival))
         return qs
 
-    def victim(self, srv: Any) -> Any:
+    def victim(self, srv: ServerView) -> SeqView | None:
         """Preempt the lowest-priority decoding sequence, the latest admitted among equals."""
         best = None
         for seq in reversed(srv.running.values()):
@@ -124,7 +170,7 @@ class Policy:
                 best = seq
         return best
 
-    def schedule(self, srv: Any) -> float | None:
+    def schedule(self, srv: ServerView) -> float | None:
         raise NotImplementedError
 
 
@@ -144,29 +190,29 @@ class RequestLevel(Policy):
             raise ValueError(f"max_wait must be >= 0 s, got {max_wait!r}")
         self.max_wait, self.pad, self.name = max_wait, pad, name
 
-    def schedule(self, srv: Any) -> float | None:
+    def schedule(self, srv: ServerView) -> float | None:
         if srv.n_running or not self.waiting:
             return None
         q = self.ordered_queues()[0][1]
         if len(q) < self.max_batch and srv.now < q.peek().arrival + self.max_wait:
             return q.peek().arrival + self.max_wait
-        batch: list[Any] = []
+        batch: list[SeqView] = []
         p = o = need = 0  # padded prompt / output lengths (tokens), KV blocks needed
         kv = srv.kv
         while q.heap and len(batch) < self.max_batch:
             s = q.peek()
             if self.pad:  # every member holds the padded length until the batch ends
-                p2, o2 = max(p, s.prompt), max(o, s.out)
+                p2, o2 = max(p, s.prompt), max(o, s.max_tokens)
                 need2 = (len(batch) + 1) * kv.blocks_for(p2 + o2 - 1)
             else:
-                p2, o2, need2 = p, o, need + kv.blocks_for(s.prompt + s.out - 1)
+                p2, o2, need2 = p, o, need + kv.blocks_for(s.prompt + s.max_tokens - 1)
             if need2 > kv.free:
                 break
             p, o, need = p2, o2, need2
             batch.append(self.pop(q))
         for s in batch:
             if self.pad:
-                s.eff_prompt, s.eff_out = p, o
+                s.eff_prompt, s.eff_max_tokens = p, o
             srv.admit(s)
             srv.prefill(s, s.target)
         return None
@@ -191,7 +237,7 @@ class IterationLevel(Policy):
         self.token_budget, self.chunked = token_budget, chunked
         self.name = name or ("chunked" if chunked else "continuous")
 
-    def schedule(self, srv: Any) -> float | None:
+    def schedule(self, srv: ServerView) -> float | None:
         budget = self.token_budget or math.inf
         planned = 0
         if self.chunked:

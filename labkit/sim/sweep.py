@@ -13,13 +13,13 @@ from typing import Any, Callable, Sequence
 from labkit.sim import metrics
 from labkit.sim.cost import CostModel
 from labkit.sim.engine import simulate
-from labkit.sim.kv import KVCache
+from labkit.sim.kv import KVMemory
 from labkit.sim.schedulers import Policy
 from labkit.sim.workload import Workload
 
 
 def load_sweep(rates: Sequence[float], workload: Callable[[float], Workload], policy: Callable[[], Policy],
-               cost: CostModel, kv: Callable[[], KVCache] | None = None) -> list[dict[str, Any]]:
+               cost: CostModel, kv: Callable[[], KVMemory] | None = None) -> list[dict[str, Any]]:
     """Simulate each offered `rate` (requests/s) with a fresh policy and KV cache; one summary
     dict per rate, with "rate" added."""
     if not rates or min(rates) <= 0:
