@@ -22,7 +22,9 @@ def required_packages() -> list[str]:
     except md.PackageNotFoundError:  # running from a source tree that was never installed
         import tomllib
 
-        pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+        from labkit.paths import REPO
+
+        pyproject = REPO / "pyproject.toml"
         reqs = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
     names = []
     for req in reqs:

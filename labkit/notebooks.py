@@ -7,17 +7,17 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-NOTEBOOK_DIR = REPO / "notebooks"
+from labkit.paths import NOTEBOOKS, REPO
+
 KERNEL_NAME = "labkit"
 
 
-def discover(directory: Path = NOTEBOOK_DIR) -> list[Path]:
+def discover(directory: Path = NOTEBOOKS) -> list[Path]:
     """Every ``NN_topic.ipynb`` in `directory`, in chapter order."""
     return sorted(p for p in directory.glob("*.ipynb") if not p.name.startswith("."))
 
 
-def make_work_copies(work: Path = REPO / "work", source: Path = NOTEBOOK_DIR) -> list[Path]:
+def make_work_copies(work: Path = REPO / "work", source: Path = NOTEBOOKS) -> list[Path]:
     """Copy every notebook that `work` lacks into it, and return the copies made.
 
     `make lab` opens JupyterLab on these copies: the learner's edits and outputs stay in

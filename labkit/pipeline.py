@@ -34,7 +34,8 @@ import torch
 
 from labkit.model.generate import SamplingParams, sample
 from labkit.timing import Spans
-from labkit.tokenizer import DATA, EOS, load_tokenizer
+from labkit.paths import DATA
+from labkit.tokenizer import EOS, load_tokenizer
 from labkit.plots import axes
 
 KNOBS: dict[str, tuple[str, ...]] = {

@@ -19,9 +19,10 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from labkit.paths import DATA
 from labkit.plots import axes
 
-HARDWARE_CSV = Path(__file__).resolve().parent.parent / "data" / "hardware.csv"
+HARDWARE_CSV = DATA / "hardware.csv"
 DTYPE_COLUMNS = {"fp32": "fp32_tflops", "tf32": "tf32_tflops", "bf16": "bf16_tflops",
                  "fp16": "fp16_tflops", "int8": "int8_tops"}
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "int8": 1}

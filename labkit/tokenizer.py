@@ -17,8 +17,9 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
-DATA = Path(__file__).resolve().parent.parent / "data"
-DEFAULT_PATH = DATA / "tiny" / "tokenizer.json"
+from labkit.paths import TINY
+
+DEFAULT_PATH = TINY / "tokenizer.json"
 EOS = "<|endoftext|>"
 VOCAB_SIZE = 4096
 KINDS = ("hf", "python")

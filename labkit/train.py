@@ -20,14 +20,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from labkit.model.checkpoint import TINY_DIR, save_checkpoint
+from labkit.model.checkpoint import save_checkpoint
 from labkit.model.config import get_config
 from labkit.model.evaluate import perplexity, unigram_perplexity
 from labkit.model.generate import SamplingParams, generate
 from labkit.model.transformer import Transformer
+from labkit.paths import CORPUS, TINY
 from labkit.session import seed_everything
-
-CORPUS = Path(__file__).resolve().parent.parent / "data" / "corpus"
 
 
 @dataclasses.dataclass
@@ -156,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     for f in dataclasses.fields(TrainConfig):
         ap.add_argument("--" + f.name.replace("_", "-"), type=type(getattr(defaults, f.name)),
                         default=getattr(defaults, f.name))
-    ap.add_argument("--out", type=Path, default=TINY_DIR, help="output directory")
+    ap.add_argument("--out", type=Path, default=TINY, help="output directory")
     ap.add_argument("--corpus", type=Path, default=CORPUS, help="directory with train.txt, valid.txt")
     ap.add_argument("--tokenizer", type=Path, default=None, help="tokenizer.json (default: shipped)")
     ap.add_argument("--max-train-chars", type=int, default=None, help="use only a prefix (smoke tests)")

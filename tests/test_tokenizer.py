@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from labkit.tokenizer import DATA, DEFAULT_PATH, EOS, VOCAB_SIZE, load_tokenizer
+from labkit.paths import DATA
+from labkit.tokenizer import DEFAULT_PATH, EOS, VOCAB_SIZE, load_tokenizer
 
 VALID = DATA / "corpus" / "valid.txt"
 

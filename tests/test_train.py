@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from labkit.model import load_checkpoint
-from labkit.train import CORPUS, TrainConfig, lr_at, main
+from labkit.paths import CORPUS
+from labkit.train import TrainConfig, lr_at, main
 
 
 def test_lr_schedule_warms_up_then_decays():

@@ -13,7 +13,7 @@ import torch
 from labkit.distill.cost import distillation_cost, training_flops
 from labkit.distill.trainer import KDConfig, new_student, student_config, train_student
 from labkit.model import ModelConfig, Transformer, perplexity
-from labkit.model.checkpoint import TINY_DIR
+from labkit.paths import TINY
 from labkit.quant import decode_tok_s, model_bytes
 from labkit.train import TrainConfig
 
@@ -56,7 +56,7 @@ def teacher_pretraining() -> dict | None:
     """The shipped tiny checkpoint's own training cost, from data/tiny/config.json:
     seconds and tokens as measured when it was trained, FLOPs computed from its shape and
     training window (None if the file does not record them)."""
-    path = TINY_DIR / "config.json"
+    path = TINY / "config.json"
     if not path.is_file():
         return None
     meta = json.loads(path.read_text())

@@ -26,10 +26,9 @@ from safetensors.torch import save_file
 
 from labkit.model.config import LLAMA3_KEYS, ModelConfig, check_rope_scaling
 from labkit.model.transformer import INFERENCE_LAYOUT, Transformer, rope_inv_freq
+from labkit.paths import TINY as TINY_DIR  # the name labkit.model.bench and others import
 
 FORMAT = "labkit"
-REPO_ROOT = Path(__file__).resolve().parents[2]
-TINY_DIR = REPO_ROOT / "data" / "tiny"
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 
 

@@ -27,12 +27,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from labkit import benchkit, timing
+from labkit.paths import DATA
+from labkit.plots import axes
 from labkit.serve import guard
 from labkit.serve.cache import make_cache, normalize_prompt
 from labkit.serve.embed import Encoder, load_encoder
-from labkit.plots import axes
 
-EVAL_DIR = Path(__file__).resolve().parents[2] / "data" / "cache_eval"
+EVAL_DIR = DATA / "cache_eval"
 THRESHOLDS = np.round(np.arange(0.5, 1.0001, 0.005), 3)
 COMMON_DEFAULT = 0.8
 

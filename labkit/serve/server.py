@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from labkit.paths import REPO, TINY
 from labkit.serve.engine import Engine, EngineConfig, EngineSettings, setting
 from labkit.serve.metrics import parse_prometheus
 from labkit.serve.preprocess import IMPLEMENTATIONS, StageConfig
@@ -37,7 +38,6 @@ from labkit.serve.surface import DEFAULT_MAX_BODY_BYTES
 
 log = logging.getLogger("labkit.serve")
 CACHES = ("exact", "semantic")
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclasses.dataclass
@@ -117,7 +117,7 @@ def load_model(preset: str, device: str = "auto") -> Any:
 def trained_context() -> int | None:
     """Sequence length the shipped tiny checkpoint was trained at (tokens), from data/tiny."""
     try:
-        return json.loads((REPO_ROOT / "data" / "tiny" / "config.json").read_text())["training"]["seq_len"]
+        return json.loads((TINY / "config.json").read_text())["training"]["seq_len"]
     except (OSError, KeyError, ValueError):
         return None
 
@@ -271,7 +271,7 @@ def start_server(cfg: ServerConfig, timeout_s: float = 60.0) -> ServerHandle:
     tmp = Path(tempfile.mkdtemp(prefix="labkit-serve-"))
     port_file, log_path = tmp / "port", tmp / "server.log"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     with open(log_path, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "labkit.serve", *cfg.to_args(), "--port-file", str(port_file)],
                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
