@@ -294,13 +294,13 @@ EXERCISES: dict[str, Exercise] = {e.name: e for e in [
              _number_or_formula(2.0, 1.25, lambda c: c["ops"] * c["per_op_s"], "measured_s"),
              "When the ops do almost no arithmetic, time ~= ops x per-op cost.",
              "tiny ops are pure dispatch cost, which fusion and graphs remove"),
-    Exercise("eager_step_time", "03_fusion",
-             "One eager decode step of the tiny decoder dispatches {ops} ops at {per_op_s:.3g} s each. Predict "
-             "its step time at batch 1, in seconds.", ("ops", "per_op_s", "measured_s"),
-             lambda c: c["measured_s"], within_factor(2.0),
-             "A small model's step is mostly per-op cost: ops x per-op cost, plus a little real work.",
-             "a small model's decode step is overhead-bound: its time follows the op count, so cutting ops "
-             "(compile, graphs) is what speeds it up"),
+    Exercise("fusion_gain", "03_fusion",
+             "Of the chains {options}, which gains more from fusion here (eager time / fused time)?",
+             ("options", "scores"), lambda c: max(c["scores"], key=c["scores"].get), _largest_within(0.1),
+             "Count the full-size tensors each eager chain writes and reads back (its kernels): fusion saves "
+             "those round trips, and every one of them is a fresh output tensor.",
+             "the chain with more eager kernels moves more intermediates through memory, and fusion removes them",
+             _scores_detail),
     # ---------------------------------------------------------------- 04 quantization
     Exercise("int8_bytes_ratio", "04_quantization",
              "int8 weights take 1 byte and a small scale per row. Predict int8's weight bytes per decode step "

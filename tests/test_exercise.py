@@ -28,7 +28,9 @@ CASES = {
     # fp32 on a 20 FLOP/B ridge: 2 B d^2 / (4 d^2) = ridge -> B = 40
     "batch_to_ridge": ({"d": 4096, "dtype": "fp32", "itemsize": 4, "ridge": 20.0, "batch_at_ridge": 41}, 1),
     "tiny_ops_time": ({"per_op_s": 4e-6, "ops": 1000, "measured_s": 4.4e-3}, 4e-5),
-    "eager_step_time": ({"ops": 300, "per_op_s": 5e-6, "measured_s": 2.1e-3}, 2e-5),
+    # eager / fused time of notebook 03's two chains
+    "fusion_gain": ({"options": ["bias_gelu_residual", "add_rmsnorm"],
+                     "scores": {"bias_gelu_residual": 1.21, "add_rmsnorm": 1.55}}, "bias_gelu_residual"),
     "int8_bytes_ratio": ({"int8_bytes": 2.6e6, "fp32_bytes": 1e7}, 0.5),
     # notebook 04's smoke scan of the tiny checkpoint: the output head dominates
     "keep_in_high_precision": ({"layers": ["layers.0.attention.wqkv", "layers.0.feed_forward.w2", "output"],
