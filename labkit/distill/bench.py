@@ -18,6 +18,7 @@ import sys
 import torch
 
 from labkit import benchkit, presets
+from labkit.data import corpus_ids
 from labkit.ledger.ch4 import (MIN_ROUNDS, judge_c13, judge_c14, measure_c14_decode, order_labels, predict_c13,
                                predict_c14)
 from labkit.distill import experiments as dx
@@ -25,7 +26,7 @@ from labkit.distill.order import run_order, summary
 from labkit.model import load_tiny
 from labkit.prune import experiments as px
 from labkit.quant import quantize_model
-from labkit.quant.experiments import corpus_ids, format_rows
+from labkit.report import format_rows
 
 
 def parser():

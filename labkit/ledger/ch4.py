@@ -162,13 +162,14 @@ def run_c11(size: str = "smoke", device: Any = None) -> Verdict:
     one thread in smoke."""
     from labkit import presets
     from labkit.bench.core import threads
+    from labkit.data import corpus_ids
     from labkit.model import load_tiny
     from labkit.quant import experiments as qx
 
     P = presets.sizes("quantization", size, device or "cpu")
     pred = predict_c11(P["outlier_factor"])
     with threads(1 if size == "smoke" else None):
-        m = qx.c11_perplexities(load_tiny(), qx.corpus_ids("train", max_chars=300_000), qx.corpus_ids("valid"),
+        m = qx.c11_perplexities(load_tiny(), corpus_ids("train", max_chars=300_000), corpus_ids("valid"),
                                 P["ppl_windows"], P["calib_windows"], P["outlier_factor"], P["n_outliers"],
                                 P["alphas"], SENSITIVE_PCT)
     return judge_c11(pred, m["ppl"], len(m["kept"]))
@@ -280,9 +281,9 @@ def distilled(size: str = "smoke") -> dict[str, Any]:
     and budget), shared by C13 and C14 in one process, plus the data and budget it used."""
     from labkit import presets
     from labkit.bench.core import threads
+    from labkit.data import corpus_ids
     from labkit.distill import experiments as dx
     from labkit.model import load_tiny
-    from labkit.quant.experiments import corpus_ids
 
     P = presets.sizes("pruning", size)
     budget = dx.budget_from_params(P)

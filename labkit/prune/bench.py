@@ -19,12 +19,13 @@ import sys
 import torch
 
 from labkit import benchkit, presets
+from labkit.data import corpus_ids
 from labkit.ledger.ch4 import c12_speedups, judge_c12, predict_c12
 from labkit.model import Transformer, load_tiny
 from labkit.prune import experiments as px
 from labkit.prune.recover import RecoveryBudget
 from labkit.prune.semistructured import gemm_24_speed, semi_structured_support
-from labkit.quant.experiments import corpus_ids, format_rows
+from labkit.report import format_rows
 
 
 def gemm24() -> None:

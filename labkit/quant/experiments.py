@@ -3,19 +3,18 @@ notebook and ``python -m labkit.quant.bench``. Every number is measured when cal
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Iterable
 
 import torch
 
+from labkit.data import corpus_ids  # noqa: F401 - notebooks 04 and 05 call it as qx.corpus_ids
 from labkit.model import Transformer, perplexity
 from labkit.quant.calib import CALIB_METHODS, calibrate, collect_act_stats, plant_outliers, smooth
 from labkit.quant.evaluate import decode_tok_s
 from labkit.quant.linear import kernel_paths, model_bytes, quantize_model, weight_bytes_per_step
 from labkit.plots import axes
+from labkit.report import format_rows  # noqa: F401 - notebooks 04 and 05 call it as qx.format_rows
 
-ROOT = Path(__file__).resolve().parents[2]
-CORPUS = ROOT / "data" / "corpus"
 
 # name -> (how to build it from the fp32 model); "bf16"/"fp16" cast, the rest quantize_model.
 WEIGHT_SCHEMES = {
@@ -30,16 +29,6 @@ WEIGHT_SCHEMES = {
     "int4-g32 (dequant)": dict(scheme="int4-g32", kernel="dequant"),
     "mixed int4-g32, fp32 output": dict(scheme="int4-g32", keep=["output"]),
 }
-
-
-def corpus_ids(split: str, max_chars: int | None = None) -> torch.Tensor:
-    """Token ids of data/corpus/{split}.txt ("train" for calibration, "valid" for evaluation)."""
-    from labkit.tokenizer import load_tokenizer
-
-    if split not in ("train", "valid"):
-        raise ValueError(f"split={split!r} not allowed; choose one of ('train', 'valid')")
-    text = (CORPUS / f"{split}.txt").read_text(encoding="utf-8")
-    return torch.tensor(load_tokenizer().encode(text[:max_chars]), dtype=torch.long)
 
 
 def build(model: Transformer, name: str) -> Transformer:
@@ -159,18 +148,6 @@ def w8a8_table(model: Transformer, train: torch.Tensor, valid: torch.Tensor, win
     for name, q in repairs.items():
         rows.append({"model": rows[-1]["model"], "scheme": name, "ppl": perplexity(q, valid, max_windows=windows)})
     return rows
-
-
-def format_rows(rows: list[dict]) -> str:
-    """A plain-text table of `rows` (floats to 4 significant figures)."""
-    if not rows:
-        return ""
-    cols = list(dict.fromkeys(k for r in rows for k in r))
-    cell = lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)
-    widths = {c: max(len(c), *(len(cell(r.get(c, ""))) for r in rows)) for c in cols}
-    lines = ["  ".join(c.ljust(widths[c]) for c in cols)]
-    lines += ["  ".join(cell(r.get(c, "")).ljust(widths[c]) for c in cols) for r in rows]
-    return "\n".join(lines)
 
 
 def plot_bytes_vs_ppl(rows: list[dict], ax=None):

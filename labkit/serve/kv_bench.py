@@ -26,10 +26,12 @@ import numpy as np
 import torch
 
 from labkit import benchkit, presets
+from labkit.data import corpus_ids
 from labkit.model import Transformer
 from labkit.model.kv_memory import kv_bytes_per_token, kv_cache_bytes
 from labkit.serve.engine import Engine, EngineConfig
 from labkit.plots import axes
+from labkit.report import format_rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,14 +144,13 @@ def plot_block_sizes(rows: Sequence[dict], predicted: Sequence[dict], ax=None):
     return ax
 
 
-def format_rows(rows: Sequence[dict]) -> str:
-    cols = ("kv_reserve", "block_size", "kv_dtype", "bytes_per_token", "capacity_tokens", "peak_running",
-            "waste", "preemptions", "tokens_per_s")
-    lines = ["  ".join(f"{c:>15}" for c in cols)]
-    for r in rows:
-        lines.append("  ".join(f"{r[c]:>15.1%}" if c == "waste" else f"{r[c]:>15.1f}" if isinstance(r[c], float)
-                               else f"{r[c]:>15}" for c in cols))
-    return "\n".join(lines)
+RUN_COLUMNS = ("kv_reserve", "block_size", "kv_dtype", "bytes_per_token", "capacity_tokens", "peak_running",
+               "waste", "preemptions", "tokens_per_s")
+
+
+def format_runs(rows: Sequence[dict]) -> str:
+    """A table of `run` results: the columns that tell the reservation rules apart."""
+    return format_rows(rows, RUN_COLUMNS, percent=("waste",))
 
 
 def parser() -> argparse.ArgumentParser:
@@ -173,7 +174,6 @@ def main(argv: list[str] | None = None) -> int:
 def body(quick: bool) -> dict:
     """Paged vs max-length reservation, block sizes, int8 KV; returns every figure."""
     from labkit.model import load_tiny, perplexity
-    from labkit.quant.experiments import corpus_ids
 
     P = presets.sizes("kv_cache", "smoke" if quick else "full")  # the sizes notebook 07 uses
     torch.manual_seed(0)
@@ -184,14 +184,14 @@ def body(quick: bool) -> dict:
           f"median {int(np.median(wl.output))} tokens, max_model_len {wl.max_len}; KV budget {budget / 2**20:.1f} MiB")
     rows = [run(model, wl, budget, kv_reserve="max_len")]
     rows += [run(model, wl, budget, block_size=b) for b in sorted({16, *P["block_sizes"]})]
-    print(format_rows(rows))
+    print(format_runs(rows))
     contig, paged = rows[0], next(r for r in rows[1:] if r["block_size"] == 16)
     print(f"paged (16-token blocks) vs max-length reservation: waste {paged['waste']:.1%} vs {contig['waste']:.1%}, "
           f"max concurrency {paged['peak_running']} vs {contig['peak_running']} "
           f"({paged['peak_running'] / contig['peak_running']:.1f}x)")
     wl8 = mixed_workload(P["int8_requests"], P["prompt_median"], P["output_median"], P["engine_max_len"])
     base, int8 = (run(model, wl8, budget, kv_dtype=kind) for kind in ("model", "int8"))
-    print(format_rows([base, int8]))
+    print(format_runs([base, int8]))
     valid = corpus_ids("valid")
     ppl = {k: perplexity(model, valid, max_windows=P["ppl_windows"], kv_dtype=k) for k in ("model", "int8")}
     speed = {k: decode_speed(model, k, batch=P["speed_batch"], prompt=P["speed_tokens"], output=P["speed_tokens"],
