@@ -87,6 +87,23 @@ def test_global_lock_serialises_and_per_thread_overlaps(tiny, impl, overlap):
     assert met == [overlap, overlap]
 
 
+def test_global_lock_is_held_from_the_stage_until_the_request_is_done(tiny):
+    """`begin` under the global lock keeps the stage claimed until `done`: a second request cannot
+    start its stage before then; per thread, nothing is held. `done` may be called twice."""
+    model, tok = tiny
+    st = preprocess.Stage(model, tok, preprocess.StageConfig("global_lock", rerank_k=2))
+    _, _, done = st.begin("Why does Macbeth fear Banquo?")
+    second = st.pool.submit(st.begin, "What does Portia say of mercy?")
+    with pytest.raises(TimeoutError):
+        second.result(timeout=0.5)  # blocked at the lock, however fast the machine
+    done()
+    done()
+    second.result(timeout=60)[2]()
+    assert not st.lock.locked()
+    free = preprocess.Stage(model, tok, preprocess.StageConfig("per_thread", rerank_k=2))
+    assert free.lock is None and free.begin("Who is Falstaff?")[2]() is None
+
+
 def test_bad_stage_sizes_are_refused():
     with pytest.raises(ValueError, match="rerank_k"):
         preprocess.StageConfig("per_thread", rerank_k=0)
@@ -150,6 +167,23 @@ def test_server_returns_spans_that_explain_the_clients_e2e(stage_server):
     ok = [x for x in run.result.measured if x.ok]
     assert len(ok) == 6 and all(x.server_spans and 0 <= x.wire_s < x.e2e_s for x in ok)
     assert case.span_agreement(ok)["server_share"] <= 1.0
+
+
+def test_locked_server_releases_the_stage_on_every_way_a_request_ends():
+    """Under the global lock a request that ended any way (answered, streamed, refused by the
+    engine, client gone mid-stream) must release the stage, or the next request waits forever."""
+    with case.serve("global_lock", rerank_k=2) as srv:
+        url = srv.url + "/v1/completions"
+        ask = {"prompt": "Why is Othello jealous of Cassio?", "max_tokens": 3, "ignore_eos": True}
+        assert httpx.post(url, json=ask, timeout=60).status_code == 200
+        with httpx.stream("POST", url, json={**ask, "stream": True}, timeout=60) as r:
+            assert r.status_code == 200 and "[DONE]" in r.read().decode()
+        too_long = httpx.post(url, json={**ask, "max_tokens": 10**6}, timeout=60)
+        assert too_long.status_code == 400
+        with httpx.stream("POST", url, json={**ask, "max_tokens": 200, "stream": True}, timeout=60) as r:
+            next(r.iter_raw())  # the first chunk, then hang up
+        for _ in range(2):
+            assert httpx.post(url, json=ask, timeout=60).status_code == 200
 
 
 def test_stack_sampler_endpoint_refuses_bad_values(stage_server):

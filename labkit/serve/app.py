@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
@@ -48,6 +48,7 @@ class Service:
         self.metrics = engine.metrics
         self.metrics.model_name = model_name
         self.preparing = 0  # requests in tokenization / the pre-processing stage (event-loop thread only)
+        self.on_finish: dict[Any, Callable[[], None]] = {}  # engine request -> what its end releases (event loop)
         self.loop: asyncio.AbstractEventLoop | None = None
         engine.listener = self._from_engine
 
@@ -57,10 +58,11 @@ class Service:
         if loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(self._dispatch, events)
 
-    @staticmethod
-    def _dispatch(events: list[Event]) -> None:
+    def _dispatch(self, events: list[Event]) -> None:
         for req, kind, value in events:
             req.tag.put_nowait((kind, value))
+            if kind == "finish" and req in self.on_finish:
+                self.on_finish.pop(req)()
 
     async def cache_call(self, method: str, *args: Any) -> Any:
         """`cache.get` / `cache.put` off the event loop (a semantic cache embeds the prompt);
@@ -73,23 +75,30 @@ class Service:
             log.exception("result cache %s failed; answering without it", method)
             return None
 
-    async def prompt_ids(self, req: CompletionRequest) -> tuple[list[int], dict[str, float]]:
+    async def prompt_ids(self, req: CompletionRequest) -> tuple[list[int], dict[str, float], Callable[[], None]]:
         """The prompt's token ids, built off the event loop (tokenizing a large prompt, or the
-        pre-processing stage, must not stall other streams), and the spans (s) it took:
-        "preprocess" (the stage, waiting for a worker thread included) or "tokenize". Raises
+        pre-processing stage, must not stall other streams), the spans (s) it took:
+        "preprocess" (the stage, waiting for a worker thread included) or "tokenize", and `done`,
+        to call once the request has ended (the stage may hold shared state until then). Raises
         InvalidRequest (naming the field) when the engine could not serve them as asked."""
         use_stage = self.stage is not None and isinstance(req.prompt, str) and not req.chat
 
-        def build() -> list[int]:
+        def build() -> tuple[list[int], Callable[[], None]]:
             if use_stage:
-                return self.stage.run(req.prompt)[0]
-            return self.tok.encode(req.prompt) if isinstance(req.prompt, str) else req.prompt
+                ids, _, done = self.stage.begin(req.prompt)
+                return ids, done
+            return (self.tok.encode(req.prompt) if isinstance(req.prompt, str) else req.prompt), _nothing
 
         t0 = time.monotonic()
         self.preparing += 1
         try:
             pool = self.stage.pool if use_stage else None  # None: asyncio's default worker threads
-            ids = await asyncio.get_running_loop().run_in_executor(pool, build)
+            job = asyncio.get_running_loop().run_in_executor(pool, build)
+            try:
+                ids, done = await asyncio.shield(job)
+            except asyncio.CancelledError:  # the client left: the stage still finishes, then releases
+                job.add_done_callback(lambda f: f.cancelled() or f.exception() or f.result()[1]())
+                raise
         finally:
             self.preparing -= 1
         took = time.monotonic() - t0
@@ -97,8 +106,12 @@ class Service:
             self.metrics.observe(preprocess=took)
         # The engine's checks, before any model work (max_tokens 0: the prompt alone, as chat fills it
         # in surface.prepare and an echo-only request never reaches the engine).
-        self.engine.check(ids, req.max_tokens or None)
-        return ids, ({"preprocess": took} if use_stage else {"tokenize": took})
+        try:
+            self.engine.check(ids, req.max_tokens or None)
+        except BaseException:
+            done()
+            raise
+        return ids, ({"preprocess": took} if use_stage else {"tokenize": took}), done
 
     def waiting(self) -> int:
         """Requests waiting: in pre-processing or tokenization, or queued for the engine."""
@@ -148,13 +161,23 @@ def create_app(service: Service) -> FastAPI:
                                 headers={"Retry-After": str(RETRY_AFTER_S)})
         try:
             req = protocol.parse_request(request.url.path, await request.body(), service.model_name)
-            ids, before = await service.prompt_ids(req)
+            ids, before, done = await service.prompt_ids(req)
         except BadRequest as e:
             metrics.count("invalid")
             return JSONResponse(e.body(), status_code=e.status)
         except InvalidRequest as e:
             metrics.count("invalid")
             return _invalid(e)
+        try:
+            return await answer(request, req, t0, ids, before, done)
+        finally:
+            if not any(f is done for f in service.on_finish.values()):
+                done()  # ended before the engine took it (error, cache hit, echo), or the engine ended it
+
+    async def answer(request: Request, req: protocol.CompletionRequest, t0: float, ids: list[int],
+                     before: dict[str, float], done: Callable[[], None]):
+        """Everything after the prompt: echo, the result cache, the engine, the response. Once the
+        engine has the request, `done` runs when the engine finishes it (`Service._dispatch`)."""
         reply = Reply(service.model_name, req, ids, service.tok)
         early = await surface.prepare(service, req, ids, reply)  # echo logprobs; max_tokens 0 ends here
         if early is not None:
@@ -182,6 +205,7 @@ def create_app(service: Service) -> FastAPI:
         except InvalidRequest as e:
             metrics.count("invalid")
             return _invalid(e)
+        service.on_finish[handle] = done  # no await since submit: the finish event cannot have run yet
         detok = protocol.Output(service.tok, req, reply, handle, skip={engine.cfg.eos_id})
         reply.spans = lambda: spans.request_spans(t0, before, handle, time.monotonic())
 
@@ -301,3 +325,7 @@ async def _complete(engine: Engine, handle, queue: asyncio.Queue, request: Reque
         watch.cancel()
         if handle.state != "done":
             engine.cancel(handle)
+
+
+def _nothing() -> None:
+    """`done` of a request that holds nothing."""

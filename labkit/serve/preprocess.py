@@ -12,10 +12,14 @@ Two implementations of the same stage give the same prompt for the same question
 
 * ``global_lock``: the reranker keeps ONE preallocated input buffer and reuses it from
   request to request (chapter 3's memory reuse). Two requests at once would overwrite each
-  other's inputs, so the whole stage runs under one process-wide lock: requests take turns.
-  This is the concurrency bug of the case study (claim C22), one that real services ship.
-* ``per_thread``: each worker thread owns its buffer (`threading.local`), so nothing is
-  shared and nothing is locked.
+  other's inputs, and whoever wrote it scoped the lock to the request rather than to the
+  buffer: a process-wide lock is taken when the stage starts and released only when the
+  answer is finished (`Stage.begin` -> `done`). Requests take turns through the whole
+  service, and the engine never sees two at once. This is the concurrency bug of the case
+  study (claim C22); real services ship it as a lock around a shared, non-thread-safe
+  pipeline object.
+* ``per_thread``: each worker thread owns its buffer (`threading.local`) and each request
+  its state, so nothing is shared and nothing is locked.
 
 ``off`` skips the stage: the prompt is tokenized as it came.
 """
@@ -28,7 +32,7 @@ import os
 import threading
 import time
 import unicodedata
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -143,14 +147,35 @@ class Stage:
         context = self.tok.decode(self._passage(best))
         return self.tok.encode(TEMPLATE.format(context=context, query=text)), best
 
-    def run(self, query: str) -> tuple[list[int], dict[str, float]]:
-        """Prompt ids for `query` and timings (s). Call from worker threads, not the event loop."""
+    def begin(self, query: str) -> tuple[list[int], dict[str, Any], Callable[[], None]]:
+        """Prompt ids for `query`, timings (s), and `done`: call it when the request's answer is
+        finished (idempotent). Under ``global_lock`` the stage's shared state stays claimed until
+        then. Call from worker threads, not the event loop."""
         t0 = time.perf_counter()
         if self.lock is None:
             ids, best = self._work(query)
-            t1 = t0
-        else:
-            with self.lock:  # the whole stage, because the reranker's buffer is shared
-                t1 = time.perf_counter()
-                ids, best = self._work(query)
-        return ids, {"passage": best, "lock_wait_s": t1 - t0, "work_s": time.perf_counter() - t1}
+            return ids, {"passage": best, "lock_wait_s": 0.0, "work_s": time.perf_counter() - t0}, _nothing
+        self.lock.acquire()  # released by done(): the shared buffer holds this request's passage until then
+        t1 = time.perf_counter()
+        try:
+            ids, best = self._work(query)
+        except BaseException:
+            self.lock.release()
+            raise
+        released = threading.Event()
+
+        def done() -> None:
+            if not released.is_set():
+                released.set()
+                self.lock.release()
+        return ids, {"passage": best, "lock_wait_s": t1 - t0, "work_s": time.perf_counter() - t1}, done
+
+    def run(self, query: str) -> tuple[list[int], dict[str, float]]:
+        """`begin` for a request that ends at once: prompt ids and timings (s)."""
+        ids, info, done = self.begin(query)
+        done()
+        return ids, info
+
+
+def _nothing() -> None:
+    """`done` of a stage with nothing to release."""
