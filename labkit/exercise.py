@@ -308,7 +308,7 @@ EXERCISES: dict[str, Exercise] = {e.name: e for e in [
              within_factor(1.1), "fp32 takes 4 bytes per weight.",
              "a quarter, not a half: fp32 -> int8 is 4x fewer bytes (fp16 -> int8 halves)"),
     Exercise("keep_in_high_precision", "04_quantization",
-             "Each layer below will be quantized to int4 alone. Which one would you keep in higher precision? "
+             "Quantized to int4 one at a time, which of these layers would you keep in higher precision? "
              "Pick from {layers}.", ("layers", "sensitivity"),
              lambda c: max(c["layers"], key=lambda n: c["sensitivity"][n]), _most_sensitive,
              "Which layer does every token's prediction pass through last, with no residual path to soften "
@@ -407,6 +407,24 @@ EXERCISES: dict[str, Exercise] = {e.name: e for e in [
              lambda c: max(c["spans"], key=lambda s: c["p99_span_s"][s]), same_choice,
              "Read the span breakdown of the slowest requests, not of the average one.",
              "the span that grows in the tail is where the fix goes"),
+    Exercise("locked_capacity", "09_case_study",
+             "Under the global lock the service holds one request at a time, from its pre-processing until its "
+             "answer is done. Unloaded, a request spends {server_ms:.0f} ms in the server. What is the highest "
+             "rate (requests/s) the locked service can sustain?", ("server_ms", "rate"),
+             lambda c: 1e3 / c["server_ms"], within_factor(1.5),
+             "A service that takes requests one at a time completes at most 1/T of them per second, where T is "
+             "the time each one holds it.",
+             "one at a time, the service is a single server: its capacity is 1/T, whatever the cores",
+             lambda a, c: f"at the operating rate {c['rate']:.1f} req/s the lock is busy "
+                          f"{100 * c['rate'] * c['server_ms'] / 1e3:.0f}% of the time"),
+    Exercise("queue_bound", "09_case_study",
+             "The fixed service completes {capacity:.1f} requests/s at most; the SLO is {slo_ms:.0f} ms and a request "
+             "alone takes {normal_ms:.0f} ms. By Little's law, how many requests may wait before it should answer "
+             "429?", ("capacity", "slo_ms", "normal_ms"),
+             lambda c: max(1, int(c["capacity"] * max(0.0, c["slo_ms"] - c["normal_ms"]) / 1e3)),
+             lambda a, ref, c: abs(int(a) - ref) <= 1 or within_factor(1.5)(a, ref, c),
+             "Waiting requests drain at the capacity rate; the last one may wait at most SLO - normal latency.",
+             "bound = capacity x (SLO - normal latency): the queue the server can drain within the SLO"),
 ]}
 
 _CONTEXT: dict[str, dict[str, Any]] = {}
