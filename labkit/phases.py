@@ -18,7 +18,7 @@ import torch
 from labkit import device as _device
 from labkit import roofline
 from labkit.bench import Report, fingerprint, itemsize, last_level_cache_bytes, run_kernel
-from labkit.timing import percentile
+from labkit.timing import percentile, time_decode_steps
 
 
 # ----------------------------------------------------------------------- ceilings
@@ -90,8 +90,9 @@ def time_decode(model: Any, batches: Sequence[int], contexts: Sequence[int], roo
                 steps: int = 8, repeat: int = 3, dtype: str = "fp32") -> list[dict[str, float]]:
     """Median seconds per `decode_step` for each (batch, context), with bytes/s achieved.
 
-    The cache is "filled" by setting its lengths to `context` (what it holds does not change
-    the time), so a long context costs no prefill. Bytes per step = weights read once +
+    The cache is "filled" by rewinding it to `context` before each timed call
+    (`labkit.timing.time_decode_steps`; what it holds does not change the time), so a long
+    context costs no prefill. Bytes per step = weights read once +
     the KV cache read (batch × context × KV bytes per token): the memory-bound floor.
     """
     rows, dev, cfg = [], model.device, model.config
@@ -100,14 +101,7 @@ def time_decode(model: Any, batches: Sequence[int], contexts: Sequence[int], roo
         for ctx in contexts:
             cache = model.new_cache(B, ctx + steps)
             tok = torch.randint(0, cfg.vocab_size, (B,), device=dev)
-
-            def run():
-                cache.lengths.fill_(ctx)
-                cache.filled = ctx
-                for _ in range(steps):
-                    model.decode_step(tok, cache)
-            run()
-            s = percentile([_sync_time(run, dev) for _ in range(repeat)], 50) / steps
+            s = time_decode_steps(model, cache, tok, ctx, steps=steps, warmup=1, repeat=repeat).median / steps
             ctx_mid = ctx + steps // 2  # the KV read grows by one token per step
             nbytes = model.weight_bytes_per_step(B) + B * ctx_mid * kv_per_tok
             a = analytic(cfg, roof, "decode", batch=B, context=ctx_mid, dtype=dtype)

@@ -4,6 +4,8 @@
   and after, so queued work is neither missed nor counted twice), `perf_counter_ns`
   on CPU. It returns a `Stats` in **seconds**.
 * `percentile()` is numpy's default ("linear") definition, written out.
+* `time_decode_steps(model, cache, ...)` times decode steps over a fixed context (the
+  cache is rewound before every call); `decode_tok_s(model)` is decode throughput.
 * `Spans` times the phases of a request path: ``with spans("preprocess"): ...``,
   then `spans.table()` / `spans.plot()` for a per-phase breakdown.
 """
@@ -15,7 +17,7 @@ import dataclasses
 import math
 import time
 from collections import OrderedDict
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -145,6 +147,35 @@ def _time_once_cuda(fn: Callable[[], object]) -> float:
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) * 1e-3  # elapsed_time is in ms
+
+
+def time_decode_steps(model: Any, cache: Any, token: torch.Tensor, context: int, *, steps: int = 1,
+                      warmup: int = 2, repeat: int = 5, min_time: float = 0.0) -> Stats:
+    """Per-call `Stats` (s) of `steps` `model.decode_step(token, cache)` calls from `context`
+    cached tokens. Each call first rewinds `cache` to `context` (`KVCache.rewind`), so every
+    call attends over the same context and does the same work; what the cache holds does
+    not change the time, so the context need not be prefilled. `token`: (batch,) ids."""
+    def call() -> None:
+        cache.rewind(context)
+        for _ in range(steps):
+            model.decode_step(token, cache)
+
+    with torch.inference_mode():
+        return measure(call, warmup=warmup, repeat=repeat, min_time=min_time, device=model.device)
+
+
+def decode_tok_s(model: Any, batch: int = 1, context: int = 32, repeat: int = 5, min_time: float = 0.0,
+                 kv_dtype: str = "model") -> float:
+    """Decode throughput in tokens/s (all `batch` sequences): median time of one
+    `decode_step` with `context` tokens (a seeded random prompt, prefilled) already in a
+    `kv_dtype` cache ("model" | "int8")."""
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, model.config.vocab_size, (batch, context), generator=g).to(model.device)
+    cache = model.new_cache(batch, context + 1, kv_dtype=kv_dtype)
+    with torch.inference_mode():
+        model.prefill(prompt, cache)
+    t = time_decode_steps(model, cache, prompt[:, -1], context, repeat=repeat, min_time=min_time).median
+    return batch / t
 
 
 class Spans:

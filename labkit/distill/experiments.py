@@ -14,7 +14,8 @@ from labkit.distill.cost import distillation_cost, training_flops
 from labkit.distill.trainer import KDConfig, new_student, student_config, train_student
 from labkit.model import ModelConfig, Transformer, perplexity
 from labkit.paths import TINY
-from labkit.quant import decode_tok_s, model_bytes
+from labkit.timing import decode_tok_s
+from labkit.quant import model_bytes
 from labkit.train import TrainConfig
 
 

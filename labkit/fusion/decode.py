@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from labkit.fusion.count import compile_counted, count_ops
-from labkit.timing import measure
+from labkit.timing import time_decode_steps
 
 VARIANTS = ("eager", "compiled", "cuda_graph")
 
@@ -41,8 +41,8 @@ class DecodeResult:
 class DecodeBench:
     """Decode steps of `model` on a static cache holding `context` tokens, per batch size.
 
-    The cache is rewound (lengths reset to `context`) before each timing so every
-    step attends over the same number of slots.
+    The cache is rewound to `context` before every timed call
+    (`labkit.timing.time_decode_steps`), so every step attends over the same number of slots.
     """
 
     def __init__(self, model: torch.nn.Module, *, context: int = 32, max_len: int = 128, seed: int = 0):
@@ -60,8 +60,7 @@ class DecodeBench:
                 self.model.prefill(prompt.to(self.model.device), cache)
             self._caches[batch] = cache
         cache = self._caches[batch]
-        cache.lengths.fill_(self.context)
-        cache.filled = self.context
+        cache.rewind(self.context)
         return cache
 
     def run(self, variant: str, batches: list[int], *, repeat: int = 10,
@@ -110,7 +109,7 @@ class DecodeBench:
                     if dev.type == "cuda":
                         torch.cuda.synchronize(dev)
                     first = time.perf_counter() - t0
-                    t = measure(lambda: model.decode_step(tok, cache), warmup=2, repeat=repeat, device=dev)
+                    t = time_decode_steps(model, cache, tok, self.context, warmup=2, repeat=repeat)
                     counts = count_ops(lambda: model.decode_step(tok, cache), device=dev, warmup=0)
                 nodes = sum(rec.graphs[n_graphs:]) if rec else None
                 out.append(DecodeResult(variant, b, t.median, t.min, counts.ops, counts.kernels, nodes, first))

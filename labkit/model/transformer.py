@@ -77,8 +77,16 @@ class KVCache:
 
     def reset(self) -> None:
         """Empty the cache (contents are left in place; lengths go to 0)."""
-        self.lengths.zero_()
-        self.filled = 0
+        self.rewind(0)
+
+    def rewind(self, tokens: int) -> None:
+        """Make every row hold only its first `tokens` tokens again (contents stay in place;
+        the next pass overwrites what follows), so a timed decode step can be repeated over
+        the same context: `labkit.timing.time_decode_steps` does this before every call."""
+        if not 0 <= tokens <= self.max_len:
+            raise ValueError(f"can rewind to 0..{self.max_len} tokens, got {tokens!r}")
+        self.lengths.fill_(tokens)
+        self.filled = tokens
 
     @property
     def nbytes(self) -> int:
@@ -329,12 +337,14 @@ class Transformer(nn.Module):
         return self
 
     def weight_bytes_per_step(self, batch: int = 1) -> int:
-        """Bytes of weights one decode step must read: every matrix once, plus `batch`
-        embedding rows when the embedding is not shared with the output projection."""
-        total = sum(p.numel() * p.element_size() for n, p in self.named_parameters()
-                    if n != "tok_embeddings.weight")
+        """Bytes of weights one decode step must read: every matrix and norm once, plus
+        `batch` embedding rows when the embedding is not shared with the output projection.
+        Submodules' buffers count too (a quantized linear keeps its codes and scales in
+        buffers); the model's own buffers are RoPE position tables, not weights."""
+        tensors = list(self.named_parameters()) + [(n, b) for n, b in self.named_buffers() if "." in n]
+        total = sum(t.numel() * t.element_size() for n, t in tensors if n != "tok_embeddings.weight")
         w = self.tok_embeddings.weight
-        if self.output.weight is w:
+        if getattr(self.output, "weight", None) is w:  # tied (a quantized head has no .weight)
             total += w.numel() * w.element_size()  # the output head reads it all
         else:
             total += batch * w.shape[1] * w.element_size()

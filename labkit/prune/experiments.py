@@ -22,7 +22,7 @@ from labkit.prune.recover import RecoveryBudget, recover
 from labkit.prune.semistructured import prune_24
 from labkit.prune.structured import prune_structured
 from labkit.prune.unstructured import prune_unstructured, smallest_k_mask
-from labkit.quant import decode_tok_s, weight_bytes_per_step
+from labkit.timing import decode_tok_s
 from labkit.timing import measure
 
 
@@ -136,9 +136,9 @@ def decode_rows(preset: str = "small", overrides: dict | None = None, sparsities
             models[key] = copy.deepcopy(m)
     rows = []
     for (v, s), m in models.items():
-        # weight_bytes_per_step sees parameters; sparse weights are plain tensors, added here
+        # weight_bytes_per_step sees parameters and buffers; sparse weights are plain tensors, added here
         sparse = sum(mod.nbytes for mod in m.modules() if isinstance(mod, SparseLinear))
-        rows.append({"variant": v, "sparsity": s, "read_MB_per_step": (weight_bytes_per_step(m) + sparse) / 1e6})
+        rows.append({"variant": v, "sparsity": s, "read_MB_per_step": (m.weight_bytes_per_step() + sparse) / 1e6})
     for _ in range(rounds):
         for row, m in zip(rows, models.values()):
             row["tok_s"] = max(decode_tok_s(m, batch=batch, repeat=repeat), row.get("tok_s", 0.0))

@@ -10,10 +10,10 @@ import torch
 from labkit.data import corpus_ids  # noqa: F401 - notebooks 04 and 05 call it as qx.corpus_ids
 from labkit.model import Transformer, perplexity
 from labkit.quant.calib import CALIB_METHODS, calibrate, collect_act_stats, plant_outliers, smooth
-from labkit.quant.evaluate import decode_tok_s
-from labkit.quant.linear import kernel_paths, model_bytes, quantize_model, weight_bytes_per_step
+from labkit.quant.linear import kernel_paths, model_bytes, quantize_model
 from labkit.plots import axes
 from labkit.report import format_rows  # noqa: F401 - notebooks 04 and 05 call it as qx.format_rows
+from labkit.timing import decode_tok_s
 
 
 # name -> (how to build it from the fp32 model); "bf16"/"fp16" cast, the rest quantize_model.
@@ -64,7 +64,7 @@ def weight_table(model: Transformer, valid: torch.Tensor, names: Iterable[str], 
                 fp32_ppl[w] = perplexity(model, valid, max_windows=w)
             row["ppl"] = perplexity(m, valid, max_windows=w)
             row["dppl_pct"] = 100 * (row["ppl"] / fp32_ppl[w] - 1)
-        row.update(model_MB=model_bytes(m) / 1e6, read_MB_per_step=weight_bytes_per_step(m) / 1e6)
+        row.update(model_MB=model_bytes(m) / 1e6, read_MB_per_step=m.weight_bytes_per_step() / 1e6)
         for b in batches:
             row[f"tok_s_b{b}"] = decode_tok_s(m, batch=b, repeat=repeat)
         row["kernel_path"] = describe(m)
@@ -87,7 +87,7 @@ def c10_models(preset: str = "small", overrides: dict | None = None,
 
 def c10_bytes(models: dict[str, Transformer]) -> dict[str, int]:
     """Weight bytes each variant reads per decode step, from its tensors (before any timing)."""
-    return {name: weight_bytes_per_step(m) for name, m in models.items()}
+    return {name: m.weight_bytes_per_step() for name, m in models.items()}
 
 
 def c10_decode(preset: str = "small", overrides: dict | None = None, names: Iterable[str] = C10_NAMES,
@@ -102,7 +102,7 @@ def c10_decode(preset: str = "small", overrides: dict | None = None, names: Iter
     one variant, so the comparison stays fair.
     """
     models = models or c10_models(preset, overrides, names)
-    rows = [{"scheme": n, "model_MB": model_bytes(m) / 1e6, "read_MB_per_step": weight_bytes_per_step(m) / 1e6}
+    rows = [{"scheme": n, "model_MB": model_bytes(m) / 1e6, "read_MB_per_step": m.weight_bytes_per_step() / 1e6}
             for n, m in models.items()]
     for _ in range(rounds):
         for row in rows:
@@ -177,7 +177,6 @@ def kv_table(model: Transformer, valid: torch.Tensor, windows: int, memory_gb: f
     bytes per token (allocated bytes / slots), sequences of `context` tokens (default the
     model's max) fitting in `memory_gb` GB, perplexity through the cache, and batch-1 decode
     tokens/s at `decode_context` cached tokens. An fp16 row (bytes only) is added for scale."""
-    from labkit.quant.evaluate import decode_tok_s
     from labkit.quant.kv import kv_bytes_per_token, sequences_that_fit
 
     cfg, context = model.config, context or model.config.max_seq_len
@@ -223,7 +222,7 @@ def mixed_precision(model: Transformer, valid: torch.Tensor, scan: list[dict], s
         q = quantize_model(model, scheme, keep=[r["layer"] for r in scan[:k]], **quant_kwargs)
         ppl = perplexity(q, valid, max_windows=windows)
         rows.append({"scheme": f"{scheme}, {k} most sensitive kept fp32", "kept": k, "ppl": ppl,
-                     "dppl_pct": 100 * (ppl / base - 1), "read_MB_per_step": weight_bytes_per_step(q) / 1e6})
+                     "dppl_pct": 100 * (ppl / base - 1), "read_MB_per_step": q.weight_bytes_per_step() / 1e6})
     return rows
 
 

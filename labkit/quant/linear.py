@@ -240,16 +240,3 @@ def model_bytes(model: nn.Module) -> int:
             seen.add(key)
             total += t.numel() * t.element_size()
     return total
-
-
-def weight_bytes_per_step(model: nn.Module, batch: int = 1) -> int:
-    """Weight bytes one decode step reads: every linear (quantized or not) and norm once,
-    plus `batch` embedding rows (the decoder's embedding lookup reads only those)."""
-    emb = model.tok_embeddings.weight
-    total = batch * emb.shape[1] * emb.element_size()
-    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
-        if name not in ("tok_embeddings.weight", "inv_freq"):
-            total += t.numel() * t.element_size()
-    if getattr(model.output, "weight", None) is emb:  # tied "nk": the head reads the whole table
-        total += emb.numel() * emb.element_size()
-    return total
