@@ -329,7 +329,7 @@ EXERCISES: dict[str, Exercise] = {e.name: e for e in [
              "unstructured zeros do not shrink dense work; sparse formats win only at very high sparsity",
              _times_detail),
     Exercise("csr_breakeven", "05_pruning_distillation",
-             "The sweep below runs CSR against dense at sparsities {sweep}. From which sparsity (a fraction, "
+             "The sweep timed CSR against dense at sparsities {sweep}. From which sparsity (a fraction, "
              "0.9 = 90% zeros) does CSR win here? Answer 1.0 if you think it never wins in the sweep.",
              ("sweep", "rows"), _breakeven_solution, _in_bracket,
              "Bytes alone say 50% (8 bytes per non-zero vs 4 per dense weight); irregular reads push it higher.",
