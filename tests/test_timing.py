@@ -94,3 +94,22 @@ def test_first_calls_times_each_call_without_warmup():
     assert len(xs) == 5 == len(calls) and all(x >= 0.001 for x in xs)
     with pytest.raises(ValueError, match="n must be"):
         timing.first_calls(lambda: None, 0, device="cpu")
+
+
+def test_time_decode_steps_rewinds_the_cache_before_every_call():
+    import torch
+
+    from labkit.model import Transformer
+
+    m = Transformer.from_preset("tiny", n_layers=1, dim=32, n_heads=4, n_kv_heads=2, hidden_dim=48,
+                                vocab_size=64, max_seq_len=64)
+    cache = m.new_cache(2, 20)
+    tok = torch.tensor([1, 2])
+    st = timing.time_decode_steps(m, cache, tok, 10, steps=3, warmup=1, repeat=4)
+    assert st.n == 4 and st.median > 0
+    assert cache.lengths.tolist() == [13, 13] and cache.filled == 13  # 10 rewound + 3 steps, every call
+    cache.rewind(0)
+    assert cache.lengths.tolist() == [0, 0] and cache.filled == 0
+    with pytest.raises(ValueError, match="rewind"):
+        cache.rewind(21)
+    assert timing.decode_tok_s(m, batch=2, context=8, repeat=2) > 0
