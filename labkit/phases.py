@@ -18,6 +18,7 @@ import torch
 from labkit import device as _device
 from labkit import roofline
 from labkit.bench import Report, fingerprint, itemsize, last_level_cache_bytes, run_kernel
+from labkit.model.kv_memory import kv_bytes_per_token
 from labkit.timing import percentile, time_decode_steps
 
 
@@ -96,7 +97,7 @@ def time_decode(model: Any, batches: Sequence[int], contexts: Sequence[int], roo
     the KV cache read (batch × context × KV bytes per token): the memory-bound floor.
     """
     rows, dev, cfg = [], model.device, model.config
-    kv_per_tok = cfg.kv_bytes_per_token(model.dtype.itemsize)
+    kv_per_tok = kv_bytes_per_token(cfg, model.dtype)
     for B in batches:
         for ctx in contexts:
             cache = model.new_cache(B, ctx + steps)

@@ -230,14 +230,6 @@ LLAMA2_7B = DecoderShape("Llama-2-7B", layers=32, d_model=4096, heads=32, kv_hea
 LLAMA3_8B = DecoderShape("Llama-3-8B", layers=32, d_model=4096, heads=32, kv_heads=8, d_ff=14336, vocab=128256)
 
 
-def kv_bytes_per_token(cfg: DecoderShape, dtype_bytes: int) -> int:
-    """KV-cache bytes one token adds: 2 (K and V) · layers · kv_heads · head_dim · dtype_bytes
-    (`labkit.model.kv_memory`, the one calculator)."""
-    from labkit.model.kv_memory import kv_bytes_per_token as calculator
-
-    return calculator(cfg, dtype_bytes)
-
-
 @dataclasses.dataclass(frozen=True)
 class LayerCost:
     """One layer type of one block: FLOPs and bytes of one instance; `count` instances per model."""

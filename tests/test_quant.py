@@ -127,15 +127,15 @@ def _toy():
 
 
 def test_kv_int8_bytes_match_the_allocated_cache():
-    from labkit.quant.kv import kv_bytes_per_token, sequences_that_fit
+    from labkit.model.kv_memory import kv_bytes_per_token, max_concurrent_sequences
 
     model = _toy()
     cfg = model.config
     assert kv_bytes_per_token(cfg, "fp32") == 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 4
     assert kv_bytes_per_token(cfg, "int8") == 2 * cfg.n_layers * cfg.n_kv_heads * (cfg.head_dim + 4)
-    for kind, kv_dtype in (("fp32", "model"), ("int8", "int8")):
-        assert model.new_cache(3, 10, kv_dtype=kv_dtype).nbytes == 3 * 11 * kv_bytes_per_token(cfg, kind)
-    assert sequences_that_fit(cfg, 10 * kv_bytes_per_token(cfg, "int8") * 64, 64, "int8") == 10
+    for stored, kv_dtype in ((model.dtype, "model"), ("int8", "int8")):
+        assert model.new_cache(3, 10, kv_dtype=kv_dtype).nbytes == 3 * 11 * kv_bytes_per_token(cfg, stored)
+    assert max_concurrent_sequences(cfg, 10 * kv_bytes_per_token(cfg, "int8") * 64, 64, "int8") == 10
     with pytest.raises(ValueError, match="int8"):
         kv_bytes_per_token(cfg, "int3")
 

@@ -73,13 +73,15 @@ def test_7b_decode_is_memory_bound_and_long_prefill_compute_bound(h100):
 
 
 def test_kv_bytes_per_token_use_kv_heads():
+    from labkit.model.kv_memory import kv_bytes_per_token
+
     # Llama-3-8B: 2 · 32 layers · 8 kv_heads · 128 · 2 bytes = 131072 B/token (not 4x that)
-    assert R.kv_bytes_per_token(R.LLAMA3_8B, 2) == 131072
-    assert R.kv_bytes_per_token(R.LLAMA2_7B, 2) == 4 * 131072
+    assert kv_bytes_per_token(R.LLAMA3_8B, "bf16") == 131072
+    assert kv_bytes_per_token(R.LLAMA2_7B, "bf16") == 4 * 131072
     roof = R.Roofline.from_hardware("H100 SXM")
     rows = R.layer_costs(R.LLAMA3_8B, roof, "decode", batch=1, context=1000)
     kv_read = sum(r.kv_bytes * r.count for r in rows if r.name == "attention")
-    assert kv_read == 1000 * R.kv_bytes_per_token(R.LLAMA3_8B, 2)
+    assert kv_read == 1000 * kv_bytes_per_token(R.LLAMA3_8B, "bf16")
 
 
 def test_decode_batch_moves_linear_layers_toward_the_ridge(h100):

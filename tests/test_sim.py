@@ -171,7 +171,9 @@ def test_oversized_requests_are_rejected_with_a_reason():
 
 
 def test_capacity_from_a_model_config():
-    per_tok = kvmod.kv_bytes_per_token({"layers": 32, "kv_heads": 8, "head_dim": 128}, 2)
+    from labkit.model.kv_memory import kv_bytes_per_token
+
+    per_tok = kv_bytes_per_token({"layers": 32, "kv_heads": 8, "head_dim": 128}, "bf16")
     assert per_tok == 131072  # Llama-3-8B, bf16: 128 KiB per token
     assert kvmod.capacity_tokens(80e9, 16e9, per_tok, 0.9) == int((72e9 - 16e9) // per_tok)
 

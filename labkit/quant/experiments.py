@@ -177,24 +177,25 @@ def kv_table(model: Transformer, valid: torch.Tensor, windows: int, memory_gb: f
     bytes per token (allocated bytes / slots), sequences of `context` tokens (default the
     model's max) fitting in `memory_gb` GB, perplexity through the cache, and batch-1 decode
     tokens/s at `decode_context` cached tokens. An fp16 row (bytes only) is added for scale."""
-    from labkit.quant.kv import kv_bytes_per_token, sequences_that_fit
+    from labkit.model.kv_memory import kv_bytes_per_token, kv_dtype_name, max_concurrent_sequences
 
     cfg, context = model.config, context or model.config.max_seq_len
-    name = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[model.dtype]
+    fits = lambda kv_dtype: max_concurrent_sequences(cfg, memory_gb * 1e9, context, kv_dtype)  # noqa: E731
     rows, base = [], None
-    for kv_dtype, kind in (("model", name), ("int8", "int8")):
+    for kv_dtype in ("model", "int8"):
+        stored = model.dtype if kv_dtype == "model" else kv_dtype  # what the cache holds per value
         cache = model.new_cache(1, context, kv_dtype=kv_dtype)
         per_token = cache.nbytes // (context + 1)  # the cache holds one spare slot per row
-        assert per_token == kv_bytes_per_token(cfg, kind), "allocated bytes disagree with the formula"
+        assert per_token == kv_bytes_per_token(cfg, stored), "allocated bytes disagree with the formula"
         ppl = perplexity(model, valid, max_windows=windows, kv_dtype=kv_dtype)
         base = base or ppl
-        rows.append({"kv": kind, "bytes_per_token": per_token,
-                     f"seqs_of_{context}_in_{memory_gb:g}GB": sequences_that_fit(cfg, memory_gb * 1e9, context, kind),
+        rows.append({"kv": kv_dtype_name(stored), "bytes_per_token": per_token,
+                     f"seqs_of_{context}_in_{memory_gb:g}GB": fits(stored),
                      "ppl": ppl, "dppl_pct": 100 * (ppl / base - 1),
                      "decode_tok_s": decode_tok_s(model, 1, decode_context, repeat, kv_dtype=kv_dtype)})
-    if name == "fp32":
+    if model.dtype == torch.float32:
         rows.insert(1, {"kv": "fp16 (bytes only)", "bytes_per_token": kv_bytes_per_token(cfg, "fp16"),
-                        f"seqs_of_{context}_in_{memory_gb:g}GB": sequences_that_fit(cfg, memory_gb * 1e9, context, "fp16"),
+                        f"seqs_of_{context}_in_{memory_gb:g}GB": fits("fp16"),
                         "ppl": float("nan"), "dppl_pct": float("nan"), "decode_tok_s": float("nan")})
     return rows
 

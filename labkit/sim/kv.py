@@ -16,17 +16,6 @@ from typing import Any
 MODES = ("paged", "contiguous")
 
 
-def kv_bytes_per_token(config: Any, dtype_bytes: int = 2) -> int:
-    """KV bytes one token adds: 2 (K, V) · layers · kv_heads · head_dim · dtype_bytes.
-
-    `config`: anything `labkit.model.kv_memory.kv_shape` reads (ModelConfig, DecoderShape,
-    a dict, an HF config.json); the one calculator lives there.
-    """
-    from labkit.model.kv_memory import kv_bytes_per_token as calculator  # lazy: sim imports no torch
-
-    return calculator(config, dtype_bytes)
-
-
 def capacity_tokens(memory_bytes: float, weight_bytes: float, bytes_per_token: int,
                     utilization: float = 0.9) -> int:
     """Tokens of KV cache that fit: (utilization·memory − weights) / bytes per token.
