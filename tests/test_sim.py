@@ -21,10 +21,10 @@ COST = LinearCost(base=0.01, per_seq=2e-4, per_prefill_token=5e-5, per_context_t
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(n=st.integers(1, 60), rate=st.floats(0.5, 200), seed=st.integers(0, 10**6),
        sched=st.sampled_from(["none", "static", "dynamic", "continuous", "chunked"]),
-       mode=st.sampled_from(["paged", "contiguous"]), block=st.sampled_from([1, 4, 16]),
+       reserve=st.sampled_from(["on_demand", "max_len"]), block=st.sampled_from([1, 4, 16]),
        capacity=st.integers(64, 4000), max_batch=st.integers(1, 16), budget=st.integers(8, 300),
        queue=st.sampled_from(["fifo", "priority", "pools"]), burst=st.floats(0.2, 4))
-def test_invariants_on_random_workloads(n, rate, seed, sched, mode, block, capacity, max_batch, budget, queue,
+def test_invariants_on_random_workloads(n, rate, seed, sched, reserve, block, capacity, max_batch, budget, queue,
                                         burst):
     wl = synthetic(n, rate, arrival="gamma", burstiness=burst, seed=seed,
                    prompt={"kind": "uniform", "low": 1, "high": 200}, output={"kind": "uniform", "low": 1, "high": 120})
@@ -32,7 +32,7 @@ def test_invariants_on_random_workloads(n, rate, seed, sched, mode, block, capac
     wl = wl.merge(half) if queue != "fifo" else wl
     pools = {0: 0.5} if queue == "pools" else None
     policy = make(sched, max_batch=max_batch, max_wait=0.02, token_budget=budget, queue=queue, pools=pools)
-    kv = KVMemory(capacity, mode, block_size=block, max_len=320)
+    kv = KVMemory(capacity, reserve, block_size=block, max_len=320)
     res = simulate(wl, policy, COST, kv)
     done = res.done
     rejected = np.zeros(len(wl), bool)
@@ -144,7 +144,7 @@ def test_bad_scheduler_and_parameters_raise_value_errors():
         synthetic(10, -1.0)
     with pytest.raises(ValueError, match="max_batch"):
         make("continuous", max_batch=0)
-    with pytest.raises(ValueError, match="mode"):
+    with pytest.raises(ValueError, match="reserve"):
         KVMemory(100, "slabs")
     with pytest.raises(ValueError, match="kind"):
         workload.lengths(3, "zipf")
@@ -153,8 +153,8 @@ def test_bad_scheduler_and_parameters_raise_value_errors():
 # ------------------------------------------------------------------ KV memory
 
 def test_paged_fits_more_sequences_than_contiguous():
-    assert kvmod.max_concurrency(100_000, 300, "paged", 16) == 100_000 // 16 // 19
-    assert kvmod.max_concurrency(100_000, 300, "contiguous", max_len=2048) == 48
+    assert kvmod.max_concurrency(100_000, 300, "on_demand", 16) == 100_000 // 16 // 19
+    assert kvmod.max_concurrency(100_000, 300, "max_len", max_len=2048) == 48
 
 
 def test_memory_pressure_preempts_and_everything_still_completes():

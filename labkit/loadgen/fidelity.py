@@ -51,7 +51,7 @@ class SimServer:
 
     def run(self, wl: Workload, cost: CostModel) -> Result:
         pol = make(self.policy, max_batch=self.max_batch, max_wait=self.max_wait, max_queue=self.max_queue)
-        return simulate(wl, pol, cost, KVMemory(self.kv_tokens, "paged", self.block_size, self.max_len,
+        return simulate(wl, pol, cost, KVMemory(self.kv_tokens, "on_demand", self.block_size, self.max_len,
                                                self.watermark))
 
 

@@ -23,7 +23,8 @@ simulator and the real engine.
 
 from __future__ import annotations
 
-RESERVE = ("on_demand", "max_len")
+from labkit.sim.kv import RESERVE  # one vocabulary for the simulator and the engine
+
 
 
 class OutOfBlocks(RuntimeError):

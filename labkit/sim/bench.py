@@ -78,8 +78,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{st['e2e']['p99'] / co['e2e']['p99']:.1f}x); throughput {co['throughput_rps']:.2f} vs "
               f"{st['throughput_rps']:.2f} req/s (ratio {co['throughput_rps'] / st['throughput_rps']:.2f}x)")
 
-        kvm = run.record("kv", ex.kv_modes(ex.chat_workload(5000 // scale, 1000.0, seed=2), setup))
-        c, p = kvm["contiguous"], kvm["paged"]
+        kvm = run.record("kv", ex.kv_reserves(ex.chat_workload(5000 // scale, 1000.0, seed=2), setup))
+        c, p = kvm["max_len"], kvm["on_demand"]  # contiguous reservations vs paged blocks
         print(f"KV: max concurrency paged {p['max_batch']} vs contiguous {c['max_batch']} "
               f"({p['max_batch'] / c['max_batch']:.1f}x); mean waste paged {100 * p['kv_waste_mean']:.1f}% vs "
               f"contiguous {100 * c['kv_waste_mean']:.1f}%")

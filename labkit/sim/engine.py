@@ -50,7 +50,7 @@ class Simulator:
     def __init__(self, workload: Workload, policy: Policy, cost: CostModel, kv: KVMemory | None = None,
                  max_steps: int = 50_000_000):
         self.w, self.policy, self.cost = workload, policy, cost
-        self.kv = kv or KVMemory(capacity=10**12, mode="paged", max_len=10**9)
+        self.kv = kv or KVMemory(capacity=10**12, reserve="on_demand", max_len=10**9)
         self.max_steps = max_steps
         self.now = 0.0
         self.step_no = 0  # steps completed

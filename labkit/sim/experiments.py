@@ -29,8 +29,8 @@ class Setup:
     max_len: int = 4096
     max_batch: int = 128
 
-    def kv(self, mode: str = "paged", block_size: int | None = None) -> KVMemory:
-        return KVMemory(self.kv_tokens, mode, block_size or self.block_size, self.max_len)
+    def kv(self, reserve: str = "on_demand", block_size: int | None = None) -> KVMemory:
+        return KVMemory(self.kv_tokens, reserve, block_size or self.block_size, self.max_len)
 
 
 def reference(hardware: str = "A100 80GB SXM", efficiency: float = 0.6, utilization: float = 0.9,
@@ -52,12 +52,12 @@ def chat_workload(n: int, rate: float, seed: int = 0, cls: RequestClass | None =
 
 
 def compare(wl: Workload, setup: Setup, names: Sequence[str] = ("none", "static", "dynamic", "continuous", "chunked"),
-            max_wait: float = 0.5, token_budget: int = 1024, kv_mode: str = "paged") -> dict[str, tuple[Result, dict]]:
+            max_wait: float = 0.5, token_budget: int = 1024, kv_reserve: str = "on_demand") -> dict[str, tuple[Result, dict]]:
     """Run `wl` under each scheduler; {name: (result, summary)}."""
     out = {}
     for name in names:
         pol = make(name, max_batch=setup.max_batch, max_wait=max_wait, token_budget=token_budget)
-        res = simulate(wl, pol, setup.cost, setup.kv(kv_mode))
+        res = simulate(wl, pol, setup.cost, setup.kv(kv_reserve))
         out[name] = (res, metrics.summary(res))
     return out
 
@@ -79,15 +79,16 @@ def mixed(n: int, online_rate: float, offline_rate: float, setup: Setup, seed: i
     return out
 
 
-def kv_modes(wl: Workload, setup: Setup, block_size: int | None = None) -> dict[str, dict]:
+def kv_reserves(wl: Workload, setup: Setup, block_size: int | None = None) -> dict[str, dict]:
     """Continuous batching with a batch limit high enough that KV memory is what limits
-    concurrency: contiguous (max_len reservations) vs paged blocks. {mode: summary + max_batch}."""
+    concurrency: "max_len" reservations (contiguous) vs "on_demand" blocks (paged).
+    {reserve: summary + max_batch}."""
     out = {}
-    for mode in ("contiguous", "paged"):
-        res = simulate(wl, make("continuous", max_batch=10_000), setup.cost, setup.kv(mode, block_size))
+    for reserve in ("max_len", "on_demand"):
+        res = simulate(wl, make("continuous", max_batch=10_000), setup.cost, setup.kv(reserve, block_size))
         s = metrics.summary(res)
         s["max_batch"] = int(res.timeline["batch"].max())
-        out[mode] = s
+        out[reserve] = s
     return out
 
 
@@ -111,7 +112,7 @@ def run_with(setup: Setup, rate: float, max_batch: int, max_wait: float, schedul
              n: int, seed: int = 0) -> dict:
     """One simulation with the widget's knobs; returns the summary."""
     res = simulate(chat_workload(n, rate, seed), make(scheduler, max_batch=max_batch, max_wait=max_wait),
-                   setup.cost, setup.kv("paged", block_size))
+                   setup.cost, setup.kv("on_demand", block_size))
     return metrics.summary(res)
 
 

@@ -1,11 +1,16 @@
-"""The KV-cache memory model: capacity, allocation (contiguous or paged), admission.
+"""The KV-cache memory model: capacity, allocation (paged or max-length), admission.
 
-Memory is counted in blocks. `paged` blocks hold `block_size` tokens and are taken one
-at a time as a sequence grows (vLLM's PagedAttention). `contiguous` reserves, at
-admission, room for `max_len` tokens per sequence (how servers without paging size
-their buffers) in 1-token blocks, so nothing grows and nothing is preempted, but most
-of the reservation sits empty. The engine does the per-step growth bookkeeping; this
-class holds the counts and the admission rule.
+Memory is counted in blocks. How much a sequence takes is its `reserve` rule, the same
+words the real engine uses (`labkit.serve.blocks`, `labkit serve --kv-reserve`):
+
+* "on_demand" (paged): blocks of `block_size` tokens, taken one at a time as a sequence
+  grows (vLLM's PagedAttention);
+* "max_len" (contiguous): room for `max_len` tokens reserved at admission (how servers
+  without paging size their buffers), in 1-token blocks, so nothing grows and nothing is
+  preempted, but most of the reservation sits empty.
+
+The simulator does the per-step growth bookkeeping; this class holds the counts and the
+admission rule.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-MODES = ("paged", "contiguous")
+RESERVE = ("on_demand", "max_len")  # the real engine's words too (labkit.serve.blocks)
 
 
 def capacity_tokens(memory_bytes: float, weight_bytes: float, bytes_per_token: int,
@@ -33,7 +38,7 @@ def capacity_tokens(memory_bytes: float, weight_bytes: float, bytes_per_token: i
 
 @dataclasses.dataclass
 class KVMemory:
-    """KV memory of `capacity` tokens, managed `mode`-wise ("paged" | "contiguous"). It only
+    """KV memory of `capacity` tokens, taken by the `reserve` rule ("on_demand" | "max_len"). It only
     counts blocks (the tensors a real model caches into are `labkit.model.KVCache`).
 
     block_size: tokens per block (paged). max_len: tokens reserved per sequence (contiguous)
@@ -42,20 +47,20 @@ class KVMemory:
     """
 
     capacity: int
-    mode: str = "paged"
+    reserve: str = "on_demand"
     block_size: int = 16
     max_len: int = 4096
     watermark: float = 0.01
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"KV mode {self.mode!r} unknown; choose one of {', '.join(MODES)}")
+        if self.reserve not in RESERVE:
+            raise ValueError(f"KV reserve {self.reserve!r} unknown; choose one of {', '.join(RESERVE)}")
         if self.block_size < 1 or self.max_len < 1 or self.capacity < 1:
             raise ValueError(f"capacity ({self.capacity}), block_size ({self.block_size}) and max_len "
                              f"({self.max_len}) must be >= 1 token")
         if not 0 <= self.watermark < 1:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark!r}")
-        self.paged = self.mode == "paged"
+        self.paged = self.reserve == "on_demand"  # blocks taken as sequences grow
         self.unit = self.block_size if self.paged else 1  # tokens per block
         self.total = self.capacity // self.unit  # blocks
         self.free = self.total
@@ -87,10 +92,10 @@ class KVMemory:
 
     def describe(self) -> str:
         per = f"blocks of {self.block_size} tokens" if self.paged else f"{self.max_len}-token reservations"
-        return f"{self.mode} KV: {self.total * self.unit} tokens in {per}"
+        return f"{self.reserve} KV: {self.total * self.unit} tokens in {per}"
 
 
-def max_concurrency(capacity: int, seq_tokens: int, mode: str, block_size: int = 16, max_len: int = 4096) -> int:
+def max_concurrency(capacity: int, seq_tokens: int, reserve: str, block_size: int = 16, max_len: int = 4096) -> int:
     """How many sequences of `seq_tokens` tokens fit at once (no watermark)."""
-    kv = KVMemory(capacity, mode, block_size, max_len, watermark=0)
+    kv = KVMemory(capacity, reserve, block_size, max_len, watermark=0)
     return kv.total // kv.blocks_for(seq_tokens)

@@ -30,7 +30,7 @@ class Result:
     extra_itl: np.ndarray
     kv_unit: int
     kv_total: int
-    kv_mode: str
+    kv_reserve: str
 
     @classmethod
     def build(cls, srv: Any) -> "Result":
@@ -38,7 +38,7 @@ class Result:
                    srv.t_sched, srv.t_first, srv.t_done, srv.preemptions, dict(srv.rejected),
                    {k: np.frombuffer(v, dtype=float if v.typecode == "d" else np.int64).copy()
                     for k, v in srv.tl.items()},
-                   np.asarray(srv.extra_itl, dtype=float), srv.kv.unit, srv.kv.total, srv.kv.mode)
+                   np.asarray(srv.extra_itl, dtype=float), srv.kv.unit, srv.kv.total, srv.kv.reserve)
 
     @property
     def done(self) -> np.ndarray:
