@@ -7,8 +7,9 @@ itself stays cheap and never pulls in matplotlib or ipywidgets.
 Top-level modules fall in two groups.
 
 Shared by every chapter (import them from anywhere in labkit):
-  ``paths`` (repo root, data and output folders), ``session`` (a notebook's first call),
-  ``device`` (pick a device, telemetry), ``timing`` (timers, `Stats`, spans),
+  ``paths`` (repo root, data and output folders), ``data`` (the corpus as token ids),
+  ``report`` (plain-text tables of result rows), ``session`` (a notebook's first call),
+  ``device`` (pick a device, telemetry), ``timing`` (timers, `Stats`, spans, decode-step timing),
   ``plots`` (`axes`, `caption`, `tidy_log_axes`), ``presets`` (notebook parameters by
   size), ``benchkit`` (the flags and JSON every ``python -m labkit.*.bench`` shares),
   ``roofline`` (ceilings and the analytic transformer costs; notebook 02 teaches it, the
