@@ -1,0 +1,93 @@
+"""`python -m labkit.loadgen.case_bench [--quick]`: the case study's figures (notebook 09), in one run.
+
+1. The service with the unsafe stage, unloaded: p50/p99 E2E; the SLO (3x the unloaded p99).
+2. The same service at the operating rate (half the capacity one request's CPU cost predicts):
+   p99 and mean E2E, the span breakdown of the tail, how well the server's spans explain the
+   client's E2E, and the share of profiler samples at the stage's lock.
+3. The fix ladder, cheapest rung first, each at the same rate: p99, mean, throughput.
+4. The unsafe / fixed ratios of p99 and of the mean, and the C21/C22 verdicts.
+5. The knee as an operating limit: a burst against the default queue bound and the one
+   Little's law gives.
+Everything runs on loopback against `labkit serve`; ``--json PATH`` writes the figures.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from labkit import benchkit, presets
+from labkit.loadgen import case
+
+
+def parser():
+    """The shared bench flags (the server runs its decoder on CPU with 1 torch thread)."""
+    return benchkit.parser("labkit.loadgen.case_bench", __doc__,
+                           quick_help="smoke sizes (60 requests per run, a few minutes on 2 CPU cores)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    with benchkit.session(args) as run:
+        run.results = body("smoke" if args.quick else "full")
+        r = run.results
+        run.summary = (f"p99 unsafe/fixed {r['p99_ratio']:.2f}x (mean {r['mean_ratio']:.2f}x), unsafe/unloaded "
+                       f"{r['p99_vs_unloaded']:.1f}x; first rung to meet the SLO: {r['rung_met']}; "
+                       f"C22 {r['verdicts']['C22']}, C21 {r['verdicts']['C21']}")
+    return run.rc
+
+
+def body(size: str) -> dict[str, Any]:
+    from labkit.ledger import case as verdicts
+
+    P = presets.sizes("case", size)
+    w = verdicts._walked(size)
+    base, unsafe, slo, rate = w["base"], w["unsafe"], w["slo"], w["rate"]
+    print(f"unloaded ({len(base.run.e2e())} requests, one at a time): p50 {1e3 * base.p50:.0f} ms, p99 "
+          f"{1e3 * base.p99:.0f} ms; CPU {1e3 * base.cpu_per_request_s:.0f} ms per request -> capacity "
+          f"{base.capacity_rps:.1f} req/s on {base.run.cores} cores")
+    print(f"SLO: p99 E2E <= {1e3 * slo:.0f} ms; operating rate {rate:.2f} req/s")
+    spans = case.span_breakdown(unsafe.result.measured)
+    agree = case.span_agreement(unsafe.result.measured)
+    lock = case.lock_share(unsafe.stacks)
+    print(f"unsafe at {rate:.2f} req/s: p99 {1e3 * unsafe.p99():.0f} ms, mean {1e3 * unsafe.mean():.0f} ms, server CPU "
+          f"{100 * unsafe.cpu_util:.0f}% of the cores, machine {100 * unsafe.machine_util:.0f}%")
+    print("tail spans (ms): " + ", ".join(f"{k} {1e3 * v:.0f}" for k, v in spans["tail"].items() if k != "requests"))
+    print(f"server spans / client E2E: {100 * agree['server_share']:.1f}% per request on average; wire "
+          f"{1e3 * agree['wire_s']:.1f} ms; {100 * lock:.0f}% of busy samples at the stage's lock")
+    print("fix ladder:")
+    for row in w["ladder"]:
+        print(case.format_rung(row, slo))
+    fixed = w["fixed"]
+    if fixed is None:
+        with case.serve("per_thread") as srv:
+            fixed = w["fixed"] = case.at_rate(srv, rate, w["scenario"])
+    p99_ratio, mean_ratio = unsafe.p99() / fixed.p99(), unsafe.mean() / fixed.mean()
+    print(f"fixed at the same rate: p99 {1e3 * fixed.p99():.0f} ms, mean {1e3 * fixed.mean():.0f} ms, machine "
+          f"{100 * fixed.machine_util:.0f}% -> unsafe/fixed p99 {p99_ratio:.2f}x, mean {mean_ratio:.2f}x")
+    v22, v21 = verdicts.run_c22(size), verdicts.run_c21(size)
+    for v in (v22, v21):
+        print(f"{v.claim} {v.outcome}: {v.reason}")
+    with case.serve("per_thread") as srv:
+        over = case.at_rate(srv, P["overload"] * base.capacity_rps, w["scenario"])
+    capacity = over.result.summary()["throughput_rps"]
+    bound = case.queue_bound(capacity, slo, base.p50)
+    bursts = {}
+    for label, knobs in (("default", {}), ("littles_law", {"max_queue": bound})):
+        with case.serve("per_thread", **knobs) as srv:
+            bursts[label] = b = case.burst(srv, P["burst"] * bound, w["scenario"])
+        print(f"burst of {b['sent']} against the {label} bound: {b['completed']} completed, {b['rejected']} 429, "
+              f"p99 {1e3 * b['p99']:.0f} ms ({'within' if b['p99'] <= slo else 'over'} the SLO)")
+    met = next((r for r in w["ladder"] if r.get("met")), None)
+    ladder = [{k: v for k, v in r.items() if k != "run"} for r in w["ladder"]]
+    return {"size": size, "unloaded_p50_s": base.p50, "unloaded_p99_s": base.p99, "slo_s": slo, "rate_rps": rate,
+            "unsafe_p99_s": unsafe.p99(), "unsafe_mean_s": unsafe.mean(), "fixed_p99_s": fixed.p99(),
+            "fixed_mean_s": fixed.mean(), "p99_ratio": p99_ratio, "mean_ratio": mean_ratio,
+            "p99_vs_unloaded": unsafe.p99() / base.p99, "tail_spans_s": spans["tail"], "span_agreement": agree,
+            "lock_share": lock if math.isfinite(lock) else None, "ladder": ladder,
+            "rung_met": met["cost"] if met else "none", "queue_bound": bound, "overload_capacity_rps": capacity,
+            "bursts": bursts, "verdicts": {v.claim: v.outcome for v in (v22, v21)}}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
