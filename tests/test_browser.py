@@ -24,7 +24,8 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
-playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (test extra)")
+playwright = pytest.importorskip("playwright.sync_api",
+                                 reason="playwright is not installed (.ci/run installs it: pip install playwright)")
 if CHROMIUM is None:
     pytest.skip("no chromium on PATH (Debian: apt-get install chromium); the browser test needs one",
                 allow_module_level=True)
@@ -76,7 +77,8 @@ def browser():
 
 
 def _run_all(page, url: str, token: str, name: str, timeout_s: float) -> None:
-    page.goto(f"{url}/lab/tree/{name}?token={token}")
+    # One workspace per notebook: the default one would reopen the last test's notebook beside this one.
+    page.goto(f"{url}/lab/workspaces/{Path(name).stem}/tree/{name}?reset&token={token}")
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
     page.get_by_text("| Idle").first.wait_for(timeout=60_000)   # the kernel itself, not just the page
