@@ -182,3 +182,18 @@ def test_selftest_mode_judges_the_reference_on_an_unanswered_check(monkeypatch):
                         exercise.dataclasses.replace(exercise.EXERCISES["csr_breakeven"], solve=lambda c: 0.1))
     with pytest.raises(AssertionError, match="fails its own check"):
         exercise.check("csr_breakeven", None)
+
+
+def test_every_exercise_is_asked_and_checked_in_its_notebook_and_each_chapter_has_two_to_four():
+    import collections
+    import json
+    from pathlib import Path
+
+    notebooks = Path(__file__).resolve().parent.parent / "notebooks"
+    per_notebook = collections.Counter(e.notebook for e in exercise.EXERCISES.values())
+    for name, e in exercise.EXERCISES.items():
+        cells = json.loads((notebooks / f"{e.notebook}.ipynb").read_text())["cells"]
+        code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+        assert f'exercise.ask("{name}"' in code and f'exercise.check("{name}"' in code, (e.notebook, name)
+    assert {p.stem for p in notebooks.glob("[0-9][0-9]_*.ipynb")} == set(per_notebook)
+    assert all(2 <= n <= 4 for n in per_notebook.values()), per_notebook
