@@ -81,7 +81,6 @@ class Simulator:
         self._max_tokens, self._cls = workload.output.tolist(), workload.cls.tolist()
         self._priority = [c.priority for c in workload.classes]  # by class
         self.next_arrival = 0  # index of the first request not yet handed to the policy
-        self.wake: float | None = None  # time (s) the policy asked to be woken at, if any
 
     # ---------------------------------------------------------------- the policy's handles
 
@@ -156,20 +155,61 @@ class Simulator:
     # ---------------------------------------------------------------- the loop
 
     def run(self) -> Result:
-        """Alternate planning (the policy) and running steps until no request is left."""
-        while True:
-            self._deliver_arrivals()
-            self.plan.clear()
-            self.wake = self.policy.schedule(self)
-            if self.plan or self.n_decode:
-                self._run_steps()
-                if self.step_no >= self.max_steps:
-                    raise RuntimeError(f"stopped after max_steps={self.max_steps} steps")
-            elif not self._idle_to_next_event():
-                return Result.build(self)
+        """Alternate planning (the policy) and running steps until no request is left.
 
-    def _deliver_arrivals(self) -> None:
-        """Hand every request that has arrived by `now` to the policy, or reject it."""
+        The inner loop runs once per simulated step and is the hot path: what it reads is
+        bound to locals once per run, and everything that happens only when something
+        changes (arrivals, idling, preemption, prompt completion, finishing) is a method."""
+        kv, phase, heap, step_time, policy = self.kv, self.phase, self.heap, self.cost.step_time, self.policy
+        paged, n_phases, max_steps = kv.paged, len(self.phase), self.max_steps
+        t_app, dt_app, dec_app, pre_app, bat_app, kvb_app, kvt_app = self._record
+        heappop, inf = heapq.heappop, math.inf
+        next_arrival = self._deliver_arrivals()  # time (s) of the next request not yet handed over
+        while True:
+            if next_arrival <= self.now:
+                next_arrival = self._deliver_arrivals()
+            self.plan.clear()
+            wake = policy.schedule(self)  # a time (s) to be woken at, or None
+            plan = self.plan
+            if not plan and not self.n_decode:
+                if not self._idle_until(min(next_arrival, inf if wake is None else wake)):
+                    return Result.build(self)
+                continue
+            until = next_arrival if wake is None or wake > next_arrival else wake  # then replan
+            # ---- steps: the first may carry prompt tokens; then decode-only until something changes
+            while True:
+                if paged and self.n_decode:
+                    # sequences whose context crosses a block boundary this step take one block each
+                    grow = phase[-self.step_no % n_phases]
+                    if grow > kv.free:
+                        grow = self._preempt_for_growth()
+                    kv.free -= grow
+                prompt_tokens = sum(k for _, k in plan) if plan else 0
+                decoding = self.n_decode
+                dt = step_time(decoding, prompt_tokens, self.ctx + prompt_tokens)
+                self.now += dt
+                self.step_no += 1
+                self.ctx += decoding + prompt_tokens
+                t_app(self.now); dt_app(dt); dec_app(decoding); pre_app(prompt_tokens); bat_app(len(self.running))
+                kvb_app(kv.total - kv.free); kvt_app(self.ctx)
+                changed = False
+                if plan:
+                    self._complete_prompts(plan)
+                    plan = ()
+                    changed = True
+                while heap and heap[0][0] <= self.step_no:  # decoders whose last token came out
+                    _, _, epoch, seq = heappop(heap)
+                    if epoch == seq.epoch:  # else an entry from before a preemption
+                        self._finish(seq)
+                        changed = True
+                if changed or not self.n_decode or self.now >= until or self.step_no >= max_steps:
+                    break
+            if self.step_no >= max_steps:
+                raise RuntimeError(f"stopped after max_steps={max_steps} steps")
+
+    def _deliver_arrivals(self) -> float:
+        """Hand every request that has arrived by `now` to the policy, or reject it; returns
+        the next arrival time (s), inf when none is left."""
         arrivals, i, n = self._arrival, self.next_arrival, len(self._arrival)
         while i < n and arrivals[i] <= self.now:
             cls = self._cls[i]
@@ -179,17 +219,11 @@ class Simulator:
                 self.rejected[i] = why
             i += 1
         self.next_arrival = i
+        return arrivals[i] if i < n else math.inf
 
-    def _next_event(self) -> float:
-        """Time (s) of the next arrival or policy timer; inf if there is none."""
-        i = self.next_arrival
-        arrival = self._arrival[i] if i < len(self._arrival) else math.inf
-        return min(arrival, self.wake if self.wake is not None else math.inf)
-
-    def _idle_to_next_event(self) -> bool:
-        """Nothing to run: move the clock to the next arrival or timer. False if there is
-        none, i.e. the run is over."""
-        nxt = self._next_event()
+    def _idle_until(self, nxt: float) -> bool:
+        """Nothing to run: move the clock to `nxt` (s), the next arrival or timer. False if
+        there is none (inf), i.e. the run is over."""
         if nxt == math.inf:
             if self.running or self.policy.waiting:
                 raise RuntimeError(f"deadlock: {self.policy.waiting} waiting, {len(self.running)} running, "
@@ -197,42 +231,6 @@ class Simulator:
             return False
         self.now = max(self.now, nxt)
         return True
-
-    def _run_steps(self) -> None:
-        """Run steps: the first carries the planned prompt tokens, then decode-only steps
-        until something changes (a completion, an arrival, the policy's timer, max_steps).
-
-        This is the hot loop, run once per simulated step: what it reads often is bound to
-        locals, and the rare events (preemption, prompt completion, finishing) are methods."""
-        kv, phase, heap, step_time = self.kv, self.phase, self.heap, self.cost.step_time
-        paged, n_phases, max_steps = kv.paged, len(self.phase), self.max_steps
-        t_app, dt_app, dec_app, pre_app, bat_app, kvb_app, kvt_app = self._record
-        until = self._next_event()  # replan once the clock reaches it
-        plan = self.plan
-        while True:
-            if paged and self.n_decode:
-                # sequences whose context crosses a block boundary this step take one block each
-                grow = phase[-self.step_no % n_phases]
-                if grow > kv.free:
-                    grow = self._preempt_for_growth()
-                kv.free -= grow
-            prompt_tokens = sum(k for _, k in plan) if plan else 0
-            decoding = self.n_decode
-            dt = step_time(decoding, prompt_tokens, self.ctx + prompt_tokens)
-            self.now += dt
-            self.step_no += 1
-            self.ctx += decoding + prompt_tokens
-            t_app(self.now); dt_app(dt); dec_app(decoding); pre_app(prompt_tokens); bat_app(len(self.running))
-            kvb_app(kv.total - kv.free); kvt_app(self.ctx)
-            changed = False
-            if plan:
-                self._complete_prompts(plan)
-                plan = ()
-                changed = True
-            if heap and heap[0][0] <= self.step_no:
-                changed = self._finish_due() or changed
-            if changed or not self.n_decode or self.now >= until or self.step_no >= max_steps:
-                return
 
     def _preempt_for_growth(self) -> int:
         """Out of blocks for this step's growth: preempt (the policy picks) until it fits;
@@ -263,17 +261,6 @@ class Simulator:
                     self._finish(seq)
                 else:
                     self._start_decode(seq)
-
-    def _finish_due(self) -> bool:
-        """Finish the decoders whose last token came out this step; True if any did (heap
-        entries of a preempted run, an older epoch, are skipped)."""
-        heap, finished = self.heap, False
-        while heap and heap[0][0] <= self.step_no:
-            _, _, epoch, seq = heapq.heappop(heap)
-            if epoch == seq.epoch:
-                self._finish(seq)
-                finished = True
-        return finished
 
 
 def simulate(workload: Workload, policy: Policy, cost: CostModel, kv: KVMemory | None = None) -> Result:
