@@ -25,7 +25,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from labkit.model.config import LLAMA3_KEYS, ModelConfig, check_rope_scaling
-from labkit.model.transformer import INFERENCE_LAYOUT, Transformer, rope_inv_freq
+from labkit.model.transformer import INFERENCE_LAYOUT, Transformer
 from labkit.paths import TINY as TINY_DIR  # the name labkit.model.bench and others import
 
 FORMAT = "labkit"
@@ -178,8 +178,7 @@ def load_hf_llama(path: str | Path, *, dtype: torch.dtype | None = None,
     model.load_state_dict(state, strict=True, assign=True)
     if cfg.tie_embeddings:
         model.output.weight = model.tok_embeddings.weight  # assign=True replaced the shared Parameter
-    # inv_freq was created on the meta device; rebuild it for real.
-    model.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+    model.init_rope()  # the RoPE buffers were created on the meta device; rebuild them for real
     return model.to(device).eval().set_weight_layout(INFERENCE_LAYOUT)
 
 

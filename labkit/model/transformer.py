@@ -21,6 +21,7 @@ full-sequence pass used for training, perplexity and the ``use_cache=False`` dem
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 import torch.nn as nn
@@ -135,8 +136,9 @@ def contiguous_writer(k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, kv_
     """`write(layer, k_new, v_new)` for plain contiguous K/V tensors (n_layers, B, kv_heads,
     slots, head_dim): scatter the new vectors into `slots` (B, T), return the first
     `kv_len` slots. Tensor-only, so ``torch.compile`` and CUDA graphs capture it whole."""
+    idx = _slot_index(slots, k.shape[2], k.shape[4])  # once per pass, not per layer
+
     def write(i: int, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        idx = _slot_index(slots, k_new.shape[1], k_new.shape[3])
         kc, vc = k[i], v[i]
         kc.scatter_(2, idx, k_new)
         vc.scatter_(2, idx, v_new)
@@ -184,10 +186,37 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor,
     return cos[:, :, None, :].to(dtype), sin[:, :, None, :].to(dtype)
 
 
+def rope_table(max_len: int, inv_freq: torch.Tensor) -> torch.Tensor:
+    """(max_len, 2, head_dim) table of `rope_cos_sin` for positions 0..max_len-1 (fp32):
+    a decode step then looks its cos and sin up with one index op instead of ~10 ops."""
+    cos, sin = rope_cos_sin(torch.arange(max_len)[None], inv_freq.float(), torch.float32)
+    return torch.cat((cos, sin), dim=2)[0]
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate `x` (B, T, heads, head_dim) by position, rotate-half convention (HF Llama):
     x·cos + cat(−x2, x1)·sin, written as x·cos + roll(x, D/2)·signed_sin."""
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
+
+
+class Linear(nn.Linear):
+    """nn.Linear on 2-D input (M, K) that computes ``(W @ x.T).T`` instead of
+    ``F.linear(x, W)`` when M is in `wx_rows`. Same values; the BLAS call differs, and
+    which one is faster at small M depends on the CPU and the weight layout, so
+    `Transformer.tune_matmul` measures it (no setting is right on every machine)."""
+
+    wx_rows: frozenset[int] = frozenset()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 2:
+            return F.linear(x, self.weight, self.bias)
+        # mm/addmm directly: F.linear on CPU goes through matmul and ~8 dispatches, and a
+        # decode step of a small model is mostly dispatch overhead
+        if x.shape[0] in self.wx_rows:
+            y = torch.mm(self.weight, x.t()).t()
+            return y if self.bias is None else y + self.bias
+        w = self.weight.t()
+        return torch.mm(x, w) if self.bias is None else torch.addmm(self.bias, x, w)
 
 
 class Attention(nn.Module):
@@ -196,17 +225,19 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         self.layer_idx = layer_idx
         # Qwen2-style checkpoints add a bias to q, k and v (never to the output projection)
-        self.wqkv = nn.Linear(cfg.dim, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim, bias=cfg.qkv_bias)
-        self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
+        self.wqkv = Linear(cfg.dim, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim, bias=cfg.qkv_bias)
+        self.wo = Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 write=None, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """`write` is None (no cache: causal attention over `x` alone) or a cache's
+        """`x`: (B·T, dim), the B sequences' T tokens (B, T from `cos`: (B, T, 1, D)).
+        `write` is None (no cache: causal attention over `x` alone) or a cache's
         ``write(layer, k, v) -> (K, V)`` (see `KVCache.writer`); `mask` (B, 1, n_rep·T, L)
-        says which of the L cached positions each folded query may see."""
-        B, T, _ = x.shape
+        is added to the scores of the L cached positions (-inf: not visible), or None
+        when every query sees every one of them."""
+        B, T = cos.shape[:2]
         H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
-        qkv = self.wqkv(x).view(B, T, H + 2 * Hkv, D)
+        qkv = self.wqkv(x).reshape(B, T, H + 2 * Hkv, D)  # reshape: a "wx" product is transposed
         qk = apply_rope(qkv[:, :, : H + Hkv], cos, sin)
         q = qk[:, :, :H].transpose(1, 2)  # (B, H, T, D)
         k = qk[:, :, H:].transpose(1, 2)  # (B, Hkv, T, D)
@@ -221,7 +252,7 @@ class Attention(nn.Module):
             q = q.reshape(B, Hkv, (H // Hkv) * T, D)
             y = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask)
             y = y.view(B, H, T, D)
-        return self.wo(y.transpose(1, 2).reshape(B, T, H * D))
+        return self.wo(y.transpose(1, 2).reshape(B * T, H * D))
 
 
 class FeedForward(nn.Module):
@@ -229,8 +260,8 @@ class FeedForward(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.w13 = nn.Linear(cfg.dim, 2 * cfg.hidden_dim, bias=False)
-        self.w2 = nn.Linear(cfg.hidden_dim, cfg.dim, bias=False)
+        self.w13 = Linear(cfg.dim, 2 * cfg.hidden_dim, bias=False)
+        self.w2 = Linear(cfg.hidden_dim, cfg.dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.w13(x).chunk(2, dim=-1)
@@ -244,8 +275,11 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # HF's LlamaRMSNorm maths (statistics in fp32). Written out rather than
-        # F.rms_norm: on CPU that op costs ~45 µs on a 256-wide row vs ~12 µs here.
+        # HF's LlamaRMSNorm maths (statistics in fp32). Written out rather than F.rms_norm:
+        # on CPU that op dispatches more ops than these (profiled, torch 2.13). An fp32 x
+        # skips the two casts: even a no-op .float() costs a dispatch (~2 µs, 18 per step).
+        if x.dtype == torch.float32:
+            return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)
@@ -273,12 +307,28 @@ class Transformer(nn.Module):
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self.output = Linear(cfg.dim, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
-        self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling),
-                             persistent=False)
+        self.init_rope()
         self.weight_layout = "nk"
+
+    def init_rope(self) -> None:
+        """(Re)build the RoPE buffers: `inv_freq` and the `rope_cache` table of cos/sin for
+        every position of the context (rebuilt after loading on the meta device)."""
+        cfg = self.config
+        inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("rope_cache", rope_table(cfg.max_seq_len, inv_freq).to(self.dtype),
+                             persistent=False)
+
+    def _rope(self, positions: torch.Tensor, bound: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (B, T, 1, head_dim) at `positions` (B, T), all < `bound` (a host int):
+        looked up in `rope_cache`, computed only for positions past the context."""
+        if bound > self.rope_cache.shape[0]:
+            return rope_cos_sin(positions, self.inv_freq, self.dtype)
+        cs = self.rope_cache[positions]  # (B, T, 2, D)
+        return cs[:, :, :1], cs[:, :, 1:]
 
     @classmethod
     def from_preset(cls, name: str, *, seed: int = 0, dtype: torch.dtype = torch.float32,
@@ -336,6 +386,48 @@ class Transformer(nn.Module):
         self.weight_layout = layout
         return self
 
+    def tune_matmul(self, batches: tuple[int, ...] = (1, 8), repeat: int = 5) -> dict:
+        """Choose by measurement, on this machine and thread count, how the linear layers
+        multiply when a pass has M = b rows (b in `batches`, e.g. decode at batch b): the
+        weight layout (one for all M: "nk" or "kn", see `set_weight_layout`) and per b the
+        form, ``F.linear(x, W)`` ("xw") or ``(W @ x.T).T`` ("wx"). Returns
+        ``{"layout": ..., "forms": {b: form}, "seconds": {(layout, b, form): s}}``.
+
+        Why measure: at small M the four (layout, form) BLAS calls differ 2x and more,
+        and which wins differs between CPUs (chapter 1's layout measurement). Each
+        candidate is timed on this model's own weights, every linear shape weighted by
+        how often a pass runs it, interleaved, best of `repeat` (the least disturbed run
+        on a shared machine). Values are unchanged; only rounding order may differ."""
+        shapes: dict[tuple[int, int], list] = {}
+        for mod in self.modules():
+            if isinstance(mod, Linear):
+                shapes.setdefault(tuple(mod.weight.shape), [mod.weight.detach(), 0])[1] += 1
+        ways = [(lay, b, form) for lay in WEIGHT_LAYOUTS for b in batches for form in ("xw", "wx")]
+        best = {w: [math.inf] * len(shapes) for w in ways}
+        with torch.inference_mode():
+            for lay in WEIGHT_LAYOUTS:
+                for i, (w, _) in enumerate(shapes.values()):
+                    w = w.t().contiguous().t() if lay == "kn" else w.contiguous()
+                    xs = {b: torch.randn(b, w.shape[1], dtype=w.dtype, device=w.device) for b in batches}
+                    calls = {(lay, b, f): (lambda x=x, f=f: F.linear(x, w) if f == "xw" else (w @ x.T).T)
+                             for b, x in xs.items() for f in ("xw", "wx")}
+                    for _ in range(repeat + 1):  # the first round warms up
+                        for key, fn in calls.items():
+                            t0 = time.perf_counter()
+                            fn()
+                            best[key][i] = min(best[key][i], time.perf_counter() - t0)
+        counts = [n for _, n in shapes.values()]
+        seconds = {w: sum(t * n for t, n in zip(ts, counts)) for w, ts in best.items()}
+        forms = {lay: {b: min(("xw", "wx"), key=lambda f: seconds[lay, b, f]) for b in batches}
+                 for lay in WEIGHT_LAYOUTS}
+        layout = min(WEIGHT_LAYOUTS, key=lambda lay: sum(seconds[lay, b, forms[lay][b]] for b in batches))
+        self.set_weight_layout(layout)
+        wx = frozenset(b for b, f in forms[layout].items() if f == "wx")
+        for mod in self.modules():
+            if isinstance(mod, Linear):
+                mod.wx_rows = wx
+        return {"layout": layout, "forms": forms[layout], "seconds": seconds}
+
     def weight_bytes_per_step(self, batch: int = 1) -> int:
         """Bytes of weights one decode step must read: every matrix and norm once, plus
         `batch` embedding rows when the embedding is not shared with the output projection.
@@ -368,11 +460,11 @@ class Transformer(nn.Module):
         """Logits (B, T, vocab) for every position of `tokens` (B, T), causal, no cache."""
         B, T = tokens.shape
         positions = torch.arange(T, device=tokens.device).expand(B, T)
-        cos, sin = rope_cos_sin(positions, self.inv_freq, self.dtype)
-        x = self.tok_embeddings(tokens)
+        cos, sin = self._rope(positions, T)
+        x = self.tok_embeddings(tokens.reshape(B * T))  # hidden states are (B·T, dim) throughout
         for layer in self.layers:
             x = layer(x, cos, sin)
-        return self.output(self.norm(x))
+        return self.output(self.norm(x)).reshape(B, T, -1)
 
     # ---------------------------------------------------------------- cached passes
     def prefill(self, tokens: torch.Tensor, cache: KVCache,
@@ -400,12 +492,11 @@ class Transformer(nn.Module):
             filled = int((cache.lengths + new_len).max())
         self._check_room(cache, filled)
         kv_len = cache.max_len if cache.static else filled
-        x = self._forward_cached(tokens, new_len, cache.lengths, kv_len, cache.writer)
+        x = self._forward_cached(tokens, new_len, cache.lengths, kv_len, cache.writer).view(B, T, -1)
         cache.filled = filled
         if not all_logits:
-            x = x[torch.arange(B, device=x.device), new_len - 1][:, None]
-            return self.output(self.norm(x))[:, 0]
-        return self.output(self.norm(x))
+            return self.output(self.norm(x[torch.arange(B, device=x.device), new_len - 1]))
+        return self.output(self.norm(x.reshape(B * T, -1))).reshape(B, T, -1)
 
     def decode_step(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """Append one token per sequence (`tokens`: (B,)) and return logits (B, vocab)."""
@@ -413,11 +504,13 @@ class Transformer(nn.Module):
         kv_len = cache.max_len if cache.static else cache.filled + 1
         if isinstance(cache, KVCache) and cache.kv_dtype == "model":
             # Plain tensors in, logits out: the form compile_decode / CUDA graphs capture.
-            logits = self._decode_fn(tokens, cache.k, cache.v, cache.lengths, kv_len, cache.max_len)
+            # One sequence whose cache holds exactly its own tokens sees every key: no mask.
+            masked = cache.static or tokens.shape[0] > 1
+            logits = self._decode_fn(tokens, cache.k, cache.v, cache.lengths, kv_len, cache.max_len, masked)
         else:
             ones = torch.ones_like(tokens)
             x = self._forward_cached(tokens[:, None], ones, cache.lengths, kv_len, cache.writer)
-            logits = self.output(self.norm(x))[:, 0]
+            logits = self.output(self.norm(x))
         cache.filled += 1
         return logits
 
@@ -436,35 +529,39 @@ class Transformer(nn.Module):
         if filled > cache.max_len:
             raise ValueError(f"{filled} tokens do not fit the KV cache (max_len={cache.max_len})")
 
-    def _decode_logits(self, tokens, k, v, lengths, kv_len: int, spare: int) -> torch.Tensor:
-        """One decode step on a plain contiguous cache's tensors (slot `spare` takes padding)."""
-        ones = torch.ones_like(tokens)
-
+    def _decode_logits(self, tokens, k, v, lengths, kv_len: int, spare: int, masked: bool = True) -> torch.Tensor:
+        """One decode step on a plain contiguous cache's tensors (slot `spare` takes padding);
+        `masked=False` when every query may see all `kv_len` slots."""
         def writer(positions, valid, kv_len):
-            return contiguous_writer(k, v, torch.where(valid, positions, spare), kv_len)
-        x = self._forward_cached(tokens[:, None], ones, lengths, kv_len, writer)
-        return self.output(self.norm(x))[:, 0]
+            # decode tokens are never padding: the slots are the positions themselves
+            return contiguous_writer(k, v, positions, kv_len)
+        x = self._forward_cached(tokens[:, None], None, lengths, kv_len, writer, masked)
+        return self.output(self.norm(x))
 
-    def _forward_cached(self, tokens: torch.Tensor, new_len: torch.Tensor, lengths: torch.Tensor,
-                        kv_len: int, writer) -> torch.Tensor:
+    def _forward_cached(self, tokens: torch.Tensor, new_len: torch.Tensor | None, lengths: torch.Tensor,
+                        kv_len: int, writer, masked: bool = True) -> torch.Tensor:
         """Core of the cached passes (no host state, so it compiles whole): stores K/V
         through ``writer(positions, valid, kv_len)``, advances `lengths` in place and
-        returns hidden states (B, T, dim)."""
+        returns hidden states (B·T, dim). `new_len` None: every token is real (decode)."""
         B, T = tokens.shape
         if B != lengths.shape[0]:
             raise ValueError(f"batch of {B} sequences does not match the cache's batch {lengths.shape[0]}")
         steps = torch.arange(T, device=tokens.device)
         positions = lengths[:, None] + steps  # (B, T) absolute positions
-        valid = steps < new_len[:, None]  # False: right padding, never kept
-        # Query at position p sees keys at positions 0..p (causal; positions past a row's
-        # length are stale or empty and are excluded by the same test).
-        mask = torch.arange(kv_len, device=tokens.device) <= positions[:, :, None]  # (B, T, L)
-        n_rep = self.config.n_rep
-        mask = mask[:, None].expand(B, n_rep, T, kv_len).reshape(B, 1, n_rep * T, kv_len)
-        cos, sin = rope_cos_sin(positions, self.inv_freq, self.dtype)
+        valid = None if new_len is None else steps < new_len[:, None]  # False: right padding, never kept
+        mask = None
+        if masked:
+            # Query at position p sees keys at positions 0..p (causal; positions past a row's
+            # length are stale or empty and are excluded by the same test). Additive and
+            # built once per pass: SDPA would otherwise convert a bool mask in every layer.
+            seen = torch.arange(kv_len, device=tokens.device) <= positions[:, :, None]  # (B, T, L)
+            n_rep = self.config.n_rep
+            seen = seen[:, None].expand(B, n_rep, T, kv_len).reshape(B, 1, n_rep * T, kv_len)
+            mask = torch.zeros(seen.shape, dtype=self.dtype, device=tokens.device).masked_fill_(~seen, -math.inf)
+        cos, sin = self._rope(positions, kv_len)
         write = writer(positions, valid, kv_len)
-        x = self.tok_embeddings(tokens)
+        x = self.tok_embeddings(tokens.reshape(B * T))
         for layer in self.layers:
             x = layer(x, cos, sin, write, mask)
-        lengths += new_len
+        lengths += T if new_len is None else new_len
         return x
