@@ -475,3 +475,32 @@ def test_measure_engine_times_real_engine_steps():
     rows = fidelity.measure_engine(batches=(1, 3), contexts=(8,), prompts=(8, 24), repeat=2)
     assert [r[:3] for r in rows] == [(1, 0, 1 * (8 + 3 + 1)), (3, 0, 3 * (8 + 3 + 1)), (0, 8, 8), (0, 24, 24)]
     assert all(0 < r[3] < 5 for r in rows)
+
+
+# ------------------------------------------------------------------ where a twin's error comes from
+def test_span_errors_find_the_time_the_twin_does_not_hold():
+    """Records made from the twin's own replay, plus 5 ms outside the engine per request and
+    1 ms per generated token: the phases agree, and the outside and per-token costs come back."""
+    cost = LinearCost(base=0.004, per_seq=0.0005, per_prefill_token=0.0001)
+    server = fidelity.SimServer("continuous", max_batch=8, max_queue=None, kv_tokens=8 * 512)
+    rng = np.random.default_rng(0)
+    sends = np.cumsum(rng.exponential(0.05, 40))
+    outs = rng.integers(2, 30, 40)
+    recs = [RequestRecord(id=i, send_s=float(t), prompt_len=16, max_tokens=int(o), prompt_tokens=16,
+                          output_tokens=int(o), outcome="ok", e2e_s=1.0, server_spans={})
+            for i, (t, o) in enumerate(zip(sends, outs))]
+    res = server.run(fidelity.trace_from_records(recs), cost)
+    for i, r in enumerate(recs):
+        q, p, d = res.t_sched[i] - res.workload.arrival[i], res.t_first[i] - res.t_sched[i], res.t_done[i] - res.t_first[i]
+        d += 0.001 * (r.output_tokens - 1)
+        r.server_spans = {"queue": q, "prefill": p, "decode": d, "other": 0.003, "server": q + p + d + 0.003}
+        r.e2e_s = r.server_spans["server"] + 0.002
+    e = fidelity.span_errors(recs, server, cost)
+    assert e["requests"] == 40
+    for k in ("queue", "prefill"):
+        assert e["mean"][k][0] == pytest.approx(e["mean"][k][1], abs=1e-9)
+    assert e["outside_s"] == pytest.approx(0.005) and e["per_token_s"] == pytest.approx(0.001)
+    assert 0 < e["outside_share"] < 1
+    assert "outside" in fidelity.format_span_errors({"low": e})
+    with pytest.raises(ValueError, match="server spans"):
+        fidelity.span_errors([dataclasses.replace(r, server_spans=None) for r in recs], server, cost)

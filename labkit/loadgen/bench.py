@@ -79,6 +79,13 @@ def body(quick: bool, seed: int) -> dict:
         table = {lv: fidelity.compare(res.records, res.summary(), twin, c) for lv, res in levels.items()}
         print(f"-- twin {name}:\n{fidelity.format_table(table)}")
         out[f"fidelity, {name}"] = {lv: t["error"] for lv, t in table.items()}
+    spans = {lv: fidelity.span_errors(res.records, twin, cost) for lv, res in levels.items()}
+    print(f"-- where the error comes from: the server's spans vs the twin's phases (twin calibrated on the server)\n"
+          f"{fidelity.format_span_errors(spans)}")
+    k = spans["near knee"]
+    print(f"labkit serve's own time outside the model's steps, near the knee: {1e3 * k['outside_s']:.1f} ms per request "
+          f"({100 * k['outside_share']:.0f}% of E2E) and {1e3 * k['per_token_s']:.2f} ms per generated token")
+    out["span_errors"] = spans
     print(f"calibration point re-measured after the runs: {1e3 * dr['measured_s']:.1f} ms vs "
           f"{1e3 * dr['predicted_s']:.1f} ms fitted ({100 * dr['drift']:+.0f}%); load average {load_cal:.1f} at "
           f"calibration, {load_runs:.1f} after the runs "

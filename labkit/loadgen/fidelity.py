@@ -231,6 +231,52 @@ def compare(records: Sequence[RequestRecord], real: dict[str, Any], server: SimS
     return {"real": real, "sim": sim, "error": relative_errors(sim, real)}
 
 
+# Where a twin's error comes from: the server's own spans against the simulator's phases.
+PHASES = ("queue", "prefill", "decode")
+
+
+def span_errors(records: Sequence[RequestRecord], server: SimServer, cost: CostModel) -> dict[str, Any]:
+    """Replay the measured trace and set each completed request's simulated phases (queue =
+    admitted - arrival, prefill = first token - admitted, decode = last - first token, s)
+    beside the server's spans for it. The rest of the real E2E is what the simulator's steps
+    do not hold: `outside` = tokenize + preprocess + post + other + wire (s per request), which
+    a `ServedCost` models as its fixed `request_s`.
+
+    Returns {"mean": {phase: (real, sim)}, "p99": {...}, "outside_s": mean outside time,
+    "outside_share": its share of the mean E2E, "per_token_s": the real decode span minus the
+    simulated one, per generated token after the first (what each token costs outside the
+    model's steps), "requests": how many were compared}."""
+    rs = sorted((r for r in records if not r.warmup), key=lambda r: r.send_s)
+    res = server.run(trace_from_records(rs), cost)
+    sim = {"queue": res.t_sched - res.workload.arrival, "prefill": res.t_first - res.t_sched,
+           "decode": res.t_done - res.t_first}
+    idx = [i for i, r in enumerate(rs) if r.ok and r.server_spans and res.done[i] and r.e2e_s is not None]
+    if not idx:
+        raise ValueError("no completed request with server spans to compare (is the server labkit serve?)")
+    real = {k: np.array([rs[i].server_spans.get(k, 0.0) for i in idx]) for k in PHASES}
+    simd = {k: sim[k][idx] for k in PHASES}
+    outside = np.array([rs[i].e2e_s - sum(rs[i].server_spans.get(k, 0.0) for k in PHASES) for i in idx])
+    tokens = np.array([max(1, (rs[i].output_tokens or 1) - 1) for i in idx], float)
+    return {"mean": {k: (float(real[k].mean()), float(simd[k].mean())) for k in PHASES},
+            "p99": {k: (float(np.percentile(real[k], 99)), float(np.percentile(simd[k], 99))) for k in PHASES},
+            "outside_s": float(outside.mean()),
+            "outside_share": float(outside.mean() / np.mean([rs[i].e2e_s for i in idx])),
+            "per_token_s": float(np.mean((real["decode"] - simd["decode"]) / tokens)), "requests": len(idx)}
+
+
+def format_span_errors(rows: dict[str, dict[str, Any]]) -> str:
+    """A table of `span_errors` outputs keyed by load level: real / sim (ms) per phase."""
+    lines = [f"{'load':<12}" + "".join(f"{k + ' ' + q:>22}" for k in PHASES for q in ("mean", "p99"))
+             + f"{'outside (share)':>20}{'per token':>11}"]
+    for level, e in rows.items():
+        cells = "".join(f"{1e3 * e[q][k][0]:8.1f} /{1e3 * e[q][k][1]:8.1f} ms" for k in PHASES for q in ("mean", "p99"))
+        lines.append(f"{level:<12}{cells}{1e3 * e['outside_s']:10.1f} ms ({100 * e['outside_share']:3.0f}%)"
+                     f"{1e3 * e['per_token_s']:8.2f} ms")
+    lines.append("(real / sim per span; outside = tokenize + post + other + wire, which the twin adds as one "
+                 "fixed latency; per token = real - sim decode time per generated token)")
+    return "\n".join(lines)
+
+
 def format_table(rows: dict[str, dict[str, Any]]) -> str:
     """A table of `compare` outputs keyed by load level: real vs sim, error %."""
     head = f"{'load':<12}" + "".join(f"{(m + ' ' + (q or '')).strip():>26}" for m, q in COMPARED)
