@@ -253,13 +253,16 @@ EXERCISES: dict[str, Exercise] = {e.name: e for e in [
              "batch-1 decode is bandwidth over weight bytes; where the run was slower than that, per-step "
              "overhead (chapter 3) took the difference"),
     Exercise("decode_tok_s_batched", "01_prefill_vs_decode",
-             "At batch {batch} one step still reads the weights once but makes {batch} tokens. Batch 1 made "
-             "{tok_s_b1:.0f} tokens/s here. Predict decode tokens/s at batch {batch}.",
-             ("batch", "tok_s_b1", "measured_tok_s"),
-             lambda c: c["measured_tok_s"], within_factor(1.6),
-             "tokens/s = batch / step time. While decode is memory-bound the step time barely grows with the "
-             "batch; where it grew, compute or per-op work took over (see the decode plot).",
-             "weight reads are shared by the batch, so tokens/s grows almost with batch while memory-bound"),
+             "At batch {batch} one step reads the weights once but makes {batch} tokens, with {batch}x the FLOPs. "
+             "Batch 1 made {tok_s_b1:.0f} tokens/s here. Predict decode tokens/s at batch {batch}.",
+             ("batch", "tok_s_b1", "measured_tok_s", "roofline_tok_s"),
+             lambda c: c["measured_tok_s"],
+             _number_or_formula(1.6, 1.3, lambda c: c["roofline_tok_s"], "measured_tok_s"),
+             "From the ceilings: one step takes max(FLOPs / peak, bytes / bandwidth) and makes `batch` tokens. "
+             "Memory-bound, the step time barely grows with the batch; past the ridge, FLOPs set it.",
+             "weight reads are shared by the batch, so tokens/s grows almost with batch until the step "
+             "reaches the ridge; where the run fell short of the roofline, per-op work (chapter 3) or a busy "
+             "machine took the difference"),
     Exercise("costlier_knob", "01_prefill_vs_decode",
              "Two ways to make the typical request path costly outside the model: {options}. Which one puts "
              "the larger share of the request's time outside the model here?", ("options", "scores"),

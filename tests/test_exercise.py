@@ -18,7 +18,7 @@ CASES = {
     "cold_over_warm": ({"cold_first_s": 0.05, "warm_median_s": 0.001}, 1.0),
     "mean_or_median": ({"mean_s": 0.02, "median_s": 0.0011, "typical_s": 0.001}, "median"),
     "decode_tok_s_batch1": ({"weight_bytes": 4e8, "bandwidth": 4e10, "measured_tok_s": 80.0}, 1000.0),
-    "decode_tok_s_batched": ({"batch": 8, "tok_s_b1": 80.0, "measured_tok_s": 560.0}, 80.0),
+    "decode_tok_s_batched": ({"batch": 8, "tok_s_b1": 80.0, "measured_tok_s": 560.0, "roofline_tok_s": 620.0}, 80.0),
     # pre+post share (%) of each knob's path, as notebook 01 reads it from pipeline.breakdown
     "costlier_knob": ({"options": ["slow tokenizer", "heavy RAG"],
                        "scores": {"slow tokenizer": 9.0, "heavy RAG": 41.0}}, "slow tokenizer"),
@@ -141,6 +141,11 @@ def test_formula_answers_pass_when_overhead_moves_the_measurement():
     exercise.ask("tiny_ops_time", per_op_s=4e-6, ops=1000, measured_s=1e-2)
     assert exercise.check("tiny_ops_time", 4e-3) is True
     assert exercise.check("tiny_ops_time", 1.6e-5) is False          # the arithmetic alone
+    # batch 8 on a busy CPU: the roofline says 430 tokens/s, the run made 22 (batch 1: 17)
+    exercise.ask("decode_tok_s_batched", batch=8, tok_s_b1=17.0, measured_tok_s=22.0, roofline_tok_s=430.0)
+    assert exercise.check("decode_tok_s_batched", 400) is True       # right from the ceilings
+    assert exercise.check("decode_tok_s_batched", 30) is True        # right about this run
+    assert exercise.check("decode_tok_s_batched", 8 * 17) is False   # neither
     # distillation: FLOPs say 1.67x; a noisy smoke run measured 2.4x
     exercise.ask("distill_cost", student_layers=2, teacher_layers=4, flop_ratio=1.67, seconds_ratio=2.4)
     assert exercise.check("distill_cost", 5 / 3) is True
