@@ -1,0 +1,488 @@
+"""labkit loadtest vs guidellm against one `labkit serve`: same rate, lengths and request count.
+
+    .venv/bin/python scripts/compare_clients.py                       # rate 4, prompt 32, output 64, 100 requests
+    .venv/bin/python scripts/compare_clients.py --requests 20 --json /tmp/cmp.json
+    .venv/bin/python scripts/compare_clients.py --arrival poisson --rate 8 --guidellm /path/to/guidellm
+    .venv/bin/python scripts/compare_clients.py --rounds 3 --json cmp.json     # the quiet-machine figure
+
+Starts one server (`python -m labkit serve --preset tiny --port 0 --threads 1`, a process of its
+own, so neither client shares a GIL with it; or --url for a running one), warms it with a
+discarded labkit run at the same rate (--warmup requests), then runs the two load generators one after the other (--order), each a
+process of its own, with the same arrival kind, rate, prompt/output lengths and request count:
+
+* ``python -m labkit loadtest --url U --rate R --arrival uniform|poisson --requests N
+  --prompt-len P --output-len O --warmup 0 --out records.jsonl --json summary.json``
+* ``guidellm run --backend kind=openai_http,target=U,request_format=/v1/completions
+  --profile kind=constant|poisson,rate=R --constraint kind=max_requests,count=N
+  --data kind=synthetic_text,prompt_tokens=P,output_tokens=O --tokenizer kind=hf_auto,model=DIR
+  --output kind=json,path=guidellm.json`` (DIR: a temp dir holding data/tiny/tokenizer.json and a
+  minimal tokenizer_config.json, so nothing is fetched from a hub; HF_HUB_OFFLINE=1).
+
+Both send streaming ``/v1/completions`` with ``max_tokens=O, ignore_eos: true, temperature: 0,
+stream_options.include_usage`` (guidellm adds ``continuous_usage_stats: true``; its temperature
+is set through ``extras.body.temperature=0``, else it sends none: sampling at 1), so every answer
+is exactly O tokens, one token per SSE chunk; the script checks ``usage`` (prompt P, output O)
+for every request of both. ``--arrival constant`` (default) is evenly spaced arrivals in both
+(labkit ``uniform``, guidellm ``constant``): the same schedule. ``poisson``: each tool draws
+its own gaps, so the two schedules differ (tails differ by chance as well as by definition).
+If the guidellm executable is missing, the script prints one line and exits 0.
+
+Metric definitions (all per request, then percentiles over requests unless said otherwise)
+------------------------------------------------------------------------------------------
+start: labkit = ``perf_counter()`` just before ``session.post`` (includes taking/opening the
+aiohttp connection); guidellm = ``request_start`` = ``time.time()`` at httpx's
+``send_request_headers.started`` trace event (connection already acquired).
+
+TTFT     labkit: first SSE chunk carrying a token - start.
+         guidellm ``time_to_first_token_ms``: ``first_token_iteration`` (first line with text)
+         - ``request_start``. Same definition; differs only by the start point above.
+ITL      labkit's own summary: *every* gap between consecutive token chunks, pooled over all
+         requests (vLLM ``benchmark_serving``), so its p99 is the p99 of single gaps (one
+         prefill of another request stalling a decode step shows up whole).
+         guidellm ``inter_token_latency_ms``: per request (last_token - first_token) / (n - 1),
+         the *mean* gap of a request (excludes the first token), percentiles over requests
+         weighted by n - 1. The p99 of per-request means is far below the p99 of pooled gaps.
+TPOT     labkit (vLLM): (E2E - TTFT) / (n - 1): includes the tail after the last token (the
+         finish_reason chunk, the usage chunk and ``[DONE]``).
+         guidellm ``time_per_output_token_ms``: (last_token - request_start) / n: *includes
+         TTFT* and divides by n, weighted by n. Not the same metric as vLLM's TPOT at all.
+E2E      labkit ``e2e_s``: last byte (``data: [DONE]``) - start.
+         guidellm ``request_latency``: ``request_end`` (the stream closed, after ``[DONE]``)
+         - ``request_start``. Same definition; start point as above.
+n = output tokens from the server's ``usage`` (both tools). Clocks: labkit ``perf_counter``,
+guidellm ``time.time()`` (wall clock). A "token chunk": labkit counts every chunk with text or
+without a finish_reason; guidellm only chunks with non-empty text (a token that decodes to ""
+-- half of a UTF-8 character -- is no iteration for it: "token chunks [63, 64]" below), which
+moves its TTFT only if the *first* token is such a one. Client lag (send - due time): guidellm
+dispatches through worker processes (10 by default; --guidellm-workers) and lags its schedule
+by ~10 ms (p99 ~30 ms) here, labkit by ~1 ms; neither TTFT counts that lag (both start at the
+actual send), but it shifts the arrival pattern the server sees a little.
+
+Percentile estimators differ too: labkit = numpy linear interpolation; guidellm = the value at
+the first index where the (weighted) CDF reaches q, no interpolation (its p99 of 100 requests is
+the 99th smallest value, numpy's lies between the 99th and the 100th).
+
+So the main ("same definition") table recomputes every metric from both tools' per-request
+data with one definition and one estimator (numpy linear): guidellm's JSON keeps per-request
+``info.timings`` (request_start, first_token_iteration, last_token_iteration, request_end).
+guidellm keeps only the first and last token times, not every gap, so the pooled-gap ITL cannot
+be rebuilt for it: the common ITL is the per-request mean gap (guidellm's definition), and the
+common TPOT is vLLM's (E2E - TTFT) / (n - 1) (labkit's definition). The second table shows each
+tool's own summary as it reports it, for the record. Ratio = guidellm / labkit; "ok" when
+within --tolerance (10 %).
+
+The server's speed drifts between runs (other load on the machine), which moves both clients'
+figures by far more than any definition does. So each run also snapshots the server's own
+histograms (GET /metrics: vLLM's TTFT = HTTP arrival to first token, TPOT, E2E = HTTP arrival
+to last token) before and after, and prints the server's mean beside the client's: if the two
+clients' "client - server" agree while the raw figures don't, the difference is the server's
+load, not the client. --rounds K repeats the pair K times, alternating who goes first, and the
+main table pools the rounds.
+
+Measurements of one shared, noisy machine: run it on a quiet one for the figure that counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_GUIDELLM = "/tmp/glvenv/bin/guidellm"
+TOKENIZER = ROOT / "data" / "tiny" / "tokenizer.json"
+QS = (50, 99)
+METRICS = (("ttft", "TTFT"), ("itl", "ITL (mean gap per request)"), ("tpot", "TPOT (E2E-TTFT)/(n-1)"),
+           ("e2e", "E2E"))
+
+
+def find_guidellm(path: str | None) -> str | None:
+    """The guidellm executable: --guidellm, else /tmp/glvenv/bin/guidellm, else on PATH."""
+    for cand in ([path] if path else [DEFAULT_GUIDELLM, shutil.which("guidellm")]):
+        if cand and Path(cand).is_file() and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+def tokenizer_dir(tmp: Path, tokenizer_json: Path) -> Path:
+    """A local HF tokenizer dir (tokenizer.json + a minimal tokenizer_config.json) for guidellm."""
+    d = tmp / "tokenizer"
+    d.mkdir()
+    shutil.copy(tokenizer_json, d / "tokenizer.json")
+    eot = "<|endoftext|>"
+    (d / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eot, "bos_token": eot, "unk_token": eot,
+         "model_max_length": 512}))
+    return d
+
+
+def start_server(tmp: Path, threads: int, extra: list[str]) -> tuple[subprocess.Popen, str]:
+    """`python -m labkit serve --preset tiny --port 0` in its own process; (process, base URL)."""
+    port_file = tmp / "port"
+    log = (tmp / "server.log").open("w")
+    cmd = [sys.executable, "-m", "labkit", "serve", "--preset", "tiny", "--port", "0", "--threads", str(threads),
+           "--port-file", str(port_file), *extra]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    for _ in range(1200):
+        if port_file.exists() and port_file.read_text().strip():
+            url = f"http://127.0.0.1:{int(port_file.read_text().strip())}"
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=5):
+                    return proc, url
+            except OSError:
+                pass
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited ({proc.returncode}); see {tmp / 'server.log'}:\n"
+                               + (tmp / "server.log").read_text()[-2000:])
+        time.sleep(0.1)
+    proc.terminate()
+    raise RuntimeError("server did not start within 120 s")
+
+
+def warm_up(a: argparse.Namespace, url: str, tmp: Path) -> None:
+    """A discarded labkit open-loop run at the test's rate (--warmup requests), so neither client
+    meets a server that has never run a batch (first allocations, KV pages touched)."""
+    if a.warmup < 1:
+        return
+    d = tmp / "warmup"
+    d.mkdir(exist_ok=True)
+    cmd = labkit_cmd(argparse.Namespace(**{**vars(a), "requests": a.warmup}), url, d)
+    print(f"warm-up: {a.warmup} requests at {a.rate:g} req/s (discarded)", flush=True)
+    run_cmd(cmd, d / "labkit.log")
+
+
+SERVER_HIST = (("ttft", "vllm:time_to_first_token_seconds"), ("tpot", "vllm:request_time_per_output_token_seconds"),
+               ("e2e", "vllm:e2e_request_latency_seconds"))
+
+
+def server_metrics(url: str) -> dict[str, float] | None:
+    """Sum and count of the server's TTFT / TPOT / E2E histograms (GET /metrics); None if it has none."""
+    from labkit.serve.metrics import parse_prometheus, sample
+
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+            m = parse_prometheus(resp.read().decode())
+    except OSError:
+        return None
+    return {f"{k}_{part}": sample(m, f"{name}_{part}") for k, name in SERVER_HIST for part in ("sum", "count")}
+
+
+def server_means(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float] | None:
+    """Mean TTFT / TPOT / E2E (s) the server measured for the requests between two snapshots."""
+    if not before or not after:
+        return None
+    out = {}
+    for k, _ in SERVER_HIST:
+        n = after[f"{k}_count"] - before[f"{k}_count"]
+        out[k] = (after[f"{k}_sum"] - before[f"{k}_sum"]) / n if n else None
+    out["requests"] = after["e2e_count"] - before["e2e_count"]
+    return out
+
+
+def run_cmd(cmd: list[str], log: Path, env: dict[str, str] | None = None, timeout: float | None = None) -> float:
+    """Run `cmd` (output to `log`); its wall time (s); RuntimeError with the log's tail if it fails."""
+    t0 = time.perf_counter()
+    with log.open("w") as f:
+        rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=timeout).returncode
+    if rc != 0:
+        raise RuntimeError(f"{cmd[0]} ... exited {rc}; last lines of {log}:\n" + log.read_text()[-3000:])
+    return time.perf_counter() - t0
+
+
+def labkit_cmd(a: argparse.Namespace, url: str, tmp: Path) -> list[str]:
+    duration = a.requests / a.rate * 2 + 60  # a bound on the send window only; never reached
+    return [sys.executable, "-m", "labkit", "loadtest", "--url", url, "--rate", str(a.rate),
+            "--arrival", "uniform" if a.arrival == "constant" else "poisson", "--requests", str(a.requests),
+            "--prompt-len", str(a.prompt_len), "--output-len", str(a.output_len), "--warmup", "0",
+            "--seed", str(a.seed), "--timeout", str(a.timeout), "--duration", str(duration),
+            "--out", str(tmp / "labkit_records.jsonl"), "--json", str(tmp / "labkit_summary.json")]
+
+
+def guidellm_cmd(a: argparse.Namespace, exe: str, url: str, tmp: Path, tok: Path) -> list[str]:
+    return [exe, "run",
+            "--backend", f"kind=openai_http,target={url},request_format=/v1/completions,timeout={a.timeout},"
+                         "extras.body.temperature=0",  # greedy, as labkit loadtest sends (server default: 1)
+            "--profile", f"kind={a.arrival},rate={a.rate}",
+            "--constraint", f"kind=max_requests,count={a.requests}",
+            "--data", f"kind=synthetic_text,prompt_tokens={a.prompt_len},output_tokens={a.output_len}",
+            "--tokenizer", f"kind=hf_auto,model={tok}",
+            "--seed", f"kind=static,value={a.seed}",
+            "--output", f"kind=json,path={tmp / 'guidellm.json'}",
+            "--disable-console-interactive"]
+
+
+def labkit_requests(tmp: Path) -> list[dict[str, Any]]:
+    """Per-request times (s) from labkit's records, in the common definitions."""
+    out = []
+    for line in (tmp / "labkit_records.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r["warmup"]:
+            continue
+        n = r["output_tokens"]
+        ok = r["outcome"] == "ok" and r["ttft_s"] is not None and n
+        gaps = sum(r["itl_s"]) if ok else None  # last token chunk - first token chunk
+        out.append({"ok": bool(ok), "prompt_tokens": r["prompt_tokens"], "output_tokens": n,
+                    "chunks": 1 + len(r["itl_s"]) if r["ttft_s"] is not None else 0,
+                    "lag": None if r["scheduled_s"] is None else r["send_s"] - r["scheduled_s"],
+                    **({"ttft": r["ttft_s"], "itl": gaps / (n - 1) if n > 1 else None,
+                        "tpot": (r["e2e_s"] - r["ttft_s"]) / (n - 1) if n > 1 else None,
+                        "e2e": r["e2e_s"], "tail": r["e2e_s"] - r["ttft_s"] - gaps} if ok else {}),
+                    "error": r["error"]})
+    return out
+
+
+def guidellm_requests(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per-request times (s) from guidellm's JSON (`requests.*[].info.timings`), common definitions."""
+    b = report["benchmarks"][0]
+    out = []
+    for status in ("successful", "errored", "incomplete"):
+        for r in b["requests"].get(status) or []:
+            t = r["info"]["timings"]
+            n = r.get("output_tokens")
+            ok = (status == "successful" and t.get("request_start") is not None
+                  and t.get("first_token_iteration") is not None and n)
+            start, first, last, end = (t.get(k) for k in ("request_start", "first_token_iteration",
+                                                            "last_token_iteration", "request_end"))
+            out.append({"ok": bool(ok), "prompt_tokens": r.get("prompt_tokens"), "output_tokens": n,
+                        "chunks": t.get("token_iterations"),
+                        "lag": None if t.get("targeted_start") is None or start is None
+                        else start - t["targeted_start"],
+                        **({"ttft": first - start, "itl": (last - first) / (n - 1) if n > 1 else None,
+                            "tpot": (end - first) / (n - 1) if n > 1 else None,
+                            "e2e": end - start, "tail": end - last} if ok else {}),
+                        "error": r["info"].get("error")})
+    return out
+
+
+def stats(values: list[float | None]) -> dict[str, float | None]:
+    v = np.array([x for x in values if x is not None], float)
+    if not len(v):
+        return {"n": 0, "mean": None, **{f"p{q}": None for q in QS}}
+    return {"n": int(len(v)), "mean": float(v.mean()), **{f"p{q}": float(np.percentile(v, q)) for q in QS}}
+
+
+def common_table(lab: list[dict], gl: list[dict]) -> dict[str, Any]:
+    rows = {}
+    for key, _ in (*METRICS, ("tail", "tail"), ("lag", "lag")):
+        ls = stats([r.get(key) for r in lab if r["ok"] or key == "lag"])
+        gs = stats([r.get(key) for r in gl if r["ok"] or key == "lag"])
+        rows[key] = {"labkit": ls, "guidellm": gs,
+                     "ratio": {f"p{q}": (gs[f"p{q}"] / ls[f"p{q}"] if ls[f"p{q}"] and gs[f"p{q}"] is not None
+                                         else None) for q in QS}}
+    return rows
+
+
+def own_summaries(tmp: Path, report: dict[str, Any]) -> dict[str, Any]:
+    """Each tool's own headline p50/p99 (s), as it reports them (its own definitions and estimator)."""
+    s = json.loads((tmp / "labkit_summary.json").read_text())
+    m = report["benchmarks"][0]["metrics"]
+
+    def gl(name: str, scale: float) -> dict[str, float]:
+        p = m[name]["successful"]["percentiles"]
+        return {"p50": p["p50"] * scale, "p99": p["p99"] * scale}
+
+    return {
+        "labkit": {"ttft": {q: s["ttft"][q] for q in ("p50", "p99")},
+                   "itl (pooled gaps)": {q: s["itl"][q] for q in ("p50", "p99")},
+                   "tpot (E2E-TTFT)/(n-1)": {q: s["tpot"][q] for q in ("p50", "p99")},
+                   "e2e": {q: s["e2e"][q] for q in ("p50", "p99")},
+                   "throughput_rps": s["throughput_rps"], "duration_s": s["duration_s"]},
+        "guidellm": {"ttft": gl("time_to_first_token_ms", 1e-3),
+                     "itl (mean gap per request, weighted n-1)": gl("inter_token_latency_ms", 1e-3),
+                     "tpot (last_token-start)/n, weighted n": gl("time_per_output_token_ms", 1e-3),
+                     "e2e (request_latency)": gl("request_latency", 1.0),
+                     "throughput_rps": m["requests_per_second"]["successful"]["mean"],
+                     "duration_s": report["benchmarks"][0]["duration"]},
+    }
+
+
+def checks(name: str, rs: list[dict], a: argparse.Namespace) -> dict[str, Any]:
+    ok = [r for r in rs if r["ok"]]
+    return {"client": name, "requests": len(rs), "ok": len(ok),
+            "prompt_tokens": sorted({r["prompt_tokens"] for r in ok}),
+            "output_tokens": sorted({r["output_tokens"] for r in ok}),
+            "token_chunks": sorted({r["chunks"] for r in ok}),
+            "lengths_exact": all(r["prompt_tokens"] == a.prompt_len and r["output_tokens"] == a.output_len
+                                 for r in ok),
+            "errors": sorted({str(r["error"])[:200] for r in rs if not r["ok"]})}
+
+
+def fmt_ms(x: float | None) -> str:
+    return f"{1e3 * x:9.1f}" if x is not None else f"{'-':>9}"
+
+
+def fmt_ratio(x: float | None, tol: float) -> str:
+    if x is None:
+        return f"{'-':>12}"
+    return f"{x:6.3f} {'ok' if abs(x - 1) <= tol else 'OFF':>4} "
+
+
+def mean(rs: list[dict], key: str) -> float | None:
+    v = [r[key] for r in rs if r["ok"] and r.get(key) is not None]
+    return float(np.mean(v)) if v else None
+
+
+def print_report(res: dict[str, Any], tol: float) -> None:
+    c = res["config"]
+    print(f"\nlabkit loadtest vs guidellm {res['guidellm_version']}: {c['arrival']} {c['rate']:g} req/s, "
+          f"prompt {c['prompt_len']}, output {c['output_len']}, {c['requests']} requests per client per round, "
+          f"{c['rounds']} round(s), server {c['url']}")
+    for ch in res["checks"].values():
+        print(f"  {ch['client']:<8} ok {ch['ok']}/{ch['requests']}, prompt tokens {ch['prompt_tokens']}, output "
+              f"tokens {ch['output_tokens']}, token chunks {ch['token_chunks']}"
+              + (f", errors: {ch['errors']}" if ch["errors"] else ""))
+    print(f"\nSame definition, same estimator (numpy linear), from per-request data{', all rounds' if c['rounds'] > 1 else ''}"
+          f"; ms; ratio = guidellm/labkit, ok within {tol:.0%}")
+    print(f"{'metric':<28}{'labkit p50':>11}{'guidellm':>9}{'ratio':>11}  "
+          f"{'labkit p99':>11}{'guidellm':>9}{'ratio':>11}")
+    for key, label in (*METRICS, ("tail", "tail: E2E - last token"), ("lag", "client lag: send - due")):
+        row = res["same_definition"][key]
+        line = f"{label:<28}"
+        for q in QS:
+            line += f"{fmt_ms(row['labkit'][f'p{q}']):>11}{fmt_ms(row['guidellm'][f'p{q}'])}  "
+            line += fmt_ratio(row["ratio"][f"p{q}"], tol) if key not in ("tail", "lag") else f"{'':>11}"
+        print(line)
+    print("\nPer run: the server's own means (labkit serve /metrics, before/after each run) vs the client's means "
+          "(same definitions as above); ms.\n  The server column shows how fast the server was during that run; "
+          "client - server is what the client adds (network, event loop, stream tail).")
+    print(f"  {'round':<6}{'client':<9}{'srv TTFT':>9}{'cli TTFT':>9}{'srv TPOT':>9}{'cli TPOT':>9}"
+          f"{'srv E2E':>9}{'cli E2E':>9}{'cli-srv E2E':>12}")
+    for run in res["runs"]:
+        sv, cl = run["server_means"] or {}, run["client_means"]
+        d = None if sv.get("e2e") is None or cl["e2e"] is None else cl["e2e"] - sv["e2e"]
+        print(f"  {run['round']:<6}{run['client']:<9}{fmt_ms(sv.get('ttft'))}{fmt_ms(cl['ttft'])}"
+              f"{fmt_ms(sv.get('tpot'))}{fmt_ms(cl['tpot'])}{fmt_ms(sv.get('e2e'))}{fmt_ms(cl['e2e'])}{fmt_ms(d):>12}")
+    srv = [run["server_means"]["e2e"] for run in res["runs"] if run["server_means"] and run["server_means"]["e2e"]]
+    if srv and max(srv) > (1 + tol) * min(srv):
+        print(f"  WARNING: the server's own mean E2E ranged {1e3 * min(srv):.0f}-{1e3 * max(srv):.0f} ms across runs: "
+              "it was not equally fast for both clients,\n  so the client figures above differ by the server's "
+              "speed, not the client; compare client - server, or re-run on a quiet machine / at a lower rate.")
+    for r, own in enumerate(res["own_summary"]):
+        print(f"\nEach tool's own summary (its own definitions and percentile estimator), round {r}; ms")
+        for tool, rows in own.items():
+            for name, v in rows.items():
+                if isinstance(v, dict):
+                    print(f"  {tool:<9}{name:<42} p50 {fmt_ms(v['p50'])}   p99 {fmt_ms(v['p99'])}")
+            print(f"  {tool:<9}{'throughput':<42} {rows['throughput_rps']:.2f} req/s over {rows['duration_s']:.1f} s")
+    print(f"\nverdict: {'all within' if res['within_tolerance'] else 'NOT all within'} {tol:.0%} "
+          f"(TTFT, ITL, TPOT, E2E at p50 and p99, same definitions)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rate", type=float, default=4.0, help="requests/s (default 4)")
+    p.add_argument("--arrival", choices=("constant", "poisson"), default="constant",
+                   help="constant = evenly spaced (labkit 'uniform', guidellm 'constant'); poisson (each draws its own)")
+    p.add_argument("--prompt-len", type=int, default=32, help="prompt tokens (default 32)")
+    p.add_argument("--output-len", type=int, default=64, help="output tokens, exact via ignore_eos (default 64)")
+    p.add_argument("--requests", type=int, default=100, help="requests per client per round (default 100)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run the pair this many times, alternating which goes first (default 1); tables pool rounds")
+    p.add_argument("--warmup", type=int, default=20,
+                   help="warm-up: a discarded labkit run of this many requests at the rate first (default 20)")
+    p.add_argument("--order", choices=("labkit-first", "guidellm-first"), default="labkit-first",
+                   help="who goes first in round 0 (then alternating)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=120.0, help="per-request time limit (s), both clients")
+    p.add_argument("--guidellm", default=None, help=f"guidellm executable (default {DEFAULT_GUIDELLM}, else PATH)")
+    p.add_argument("--guidellm-workers", type=int, default=None,
+                   help="GUIDELLM__MAX_WORKER_PROCESSES (default: guidellm's own, 10)")
+    p.add_argument("--tokenizer", default=str(TOKENIZER), help="tokenizer.json of the served model (for guidellm)")
+    p.add_argument("--url", default=None, help="use this running server instead of starting one")
+    p.add_argument("--threads", type=int, default=1, help="server torch threads (default 1)")
+    p.add_argument("--server-arg", action="append", default=[], help="extra `labkit serve` argument (repeatable)")
+    p.add_argument("--tolerance", type=float, default=0.10, help="ratio band counted as agreement (default 0.10)")
+    p.add_argument("--keep", default=None, help="keep the raw outputs (records, guidellm JSON, logs) in this dir")
+    p.add_argument("--json", default=None, help="write the comparison as JSON here")
+    a = p.parse_args(argv)
+
+    exe = find_guidellm(a.guidellm)
+    if exe is None:
+        print(f"guidellm not installed (looked for {a.guidellm or DEFAULT_GUIDELLM} and on PATH); "
+              "nothing compared. pip install guidellm into a venv and pass --guidellm PATH.")
+        return 0
+    gl_version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.strip().split()[-1:]
+
+    tmp = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="compare_clients_"))
+    tmp.mkdir(parents=True, exist_ok=True)
+    tok = tokenizer_dir(Path(tempfile.mkdtemp(prefix="cc_tok_")), Path(a.tokenizer))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    if a.guidellm_workers:
+        env["GUIDELLM__MAX_WORKER_PROCESSES"] = str(a.guidellm_workers)
+
+    server, runs, own, cmds = None, [], [], {}
+    pooled: dict[str, list[dict]] = {"labkit": [], "guidellm": []}
+    try:
+        if a.url:
+            url = a.url.rstrip("/")
+        else:
+            server, url = start_server(tmp, a.threads, a.server_arg)
+            print(f"server: {url} (log {tmp / 'server.log'})")
+        warm_up(a, url, tmp)
+        first = ("labkit", "guidellm") if a.order == "labkit-first" else ("guidellm", "labkit")
+        for rnd in range(a.rounds):
+            d = tmp / f"round{rnd}"
+            d.mkdir(exist_ok=True)
+            cmds = {"labkit": labkit_cmd(a, url, d), "guidellm": guidellm_cmd(a, exe, url, d, tok)}
+            report = None
+            for name in (first if rnd % 2 == 0 else first[::-1]):
+                print(f"round {rnd}, {name}: {' '.join(cmds[name])}", flush=True)
+                before = server_metrics(url)
+                wall = run_cmd(cmds[name], d / f"{name}.log", env=env if name == "guidellm" else None)
+                sv = server_means(before, server_metrics(url))
+                if name == "guidellm":
+                    report = json.loads((d / "guidellm.json").read_text())
+                    rs = guidellm_requests(report)
+                else:
+                    rs = labkit_requests(d)
+                pooled[name] += rs
+                runs.append({"round": rnd, "client": name, "wall_s": wall, "server_means": sv,
+                             "client_means": {k: mean(rs, k) for k in ("ttft", "itl", "tpot", "e2e")}})
+            own.append(own_summaries(d, report))
+    finally:
+        if server is not None:
+            server.terminate()
+            try:
+                server.wait(30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+        shutil.rmtree(tok.parent, ignore_errors=True)
+
+    same = common_table(pooled["labkit"], pooled["guidellm"])
+    res = {
+        "config": {"url": url, "rate": a.rate, "arrival": a.arrival, "prompt_len": a.prompt_len,
+                   "output_len": a.output_len, "requests": a.requests, "rounds": a.rounds, "warmup": a.warmup,
+                   "order": a.order, "seed": a.seed, "guidellm_workers": a.guidellm_workers,
+                   "tolerance": a.tolerance},
+        "guidellm_version": gl_version[0] if gl_version else "?",
+        "commands": cmds, "raw_dir": str(tmp),
+        "checks": {k: checks(k, v, a) for k, v in pooled.items()},
+        "same_definition": same,
+        "runs": runs,
+        "own_summary": own,
+        "server_e2e_spread": (lambda v: max(v) / min(v) if v else None)(
+            [r["server_means"]["e2e"] for r in runs if r["server_means"] and r["server_means"]["e2e"]]),
+        "within_tolerance": all(r is not None and abs(r - 1) <= a.tolerance
+                                for k, _ in METRICS for r in same[k]["ratio"].values()),
+        "units": "seconds (tables print ms)",
+    }
+    print_report(res, a.tolerance)
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=1))
+        print(f"json -> {a.json}")
+    print(f"raw outputs (records, guidellm JSON, logs) in {tmp}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
