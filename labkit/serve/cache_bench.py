@@ -241,6 +241,42 @@ def plot_sweep(ev: dict, ax=None):
     return ax
 
 
+def threshold_sweep(curves: dict[str, Sequence[dict]], target: float = 0.99, default: float | None = None, axes=None):
+    """Two panels against the similarity threshold, one colour per curve. Top: the share of hits
+    that are wrong (100 - hit precision, %, symlog so 1% and 2% stand apart from 50%), with the
+    target as a dotted line (below it: precision >= `target`); bottom: hit rate (% of
+    same-meaning pairs that hit). `curves`: name -> rows with "threshold", "precision",
+    "hit_rate" and "hits" (thresholds where nothing hits have no precision and are left out).
+    An optional `default` threshold is a grey vertical line. Returns the two axes."""
+    import matplotlib.pyplot as plt
+
+    if axes is None:
+        _, axes = plt.subplots(2, 1, figsize=(7, 5), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+    top, bottom = axes
+    for i, (name, rows) in enumerate(curves.items()):
+        rows = sorted(rows, key=lambda r: r["threshold"])
+        hit = [r for r in rows if r["hits"]]
+        top.plot([r["threshold"] for r in hit], [100 * (1 - r["precision"]) for r in hit], color=f"C{i}", lw=2,
+                 label=name)
+        bottom.plot([r["threshold"] for r in rows], [100 * r["hit_rate"] for r in rows], color=f"C{i}", lw=2,
+                    label=name)
+    top.axhline(100 * (1 - target), color="k", ls=":", lw=1.2,
+                label=f"{100 * (1 - target):g}% wrong = {100 * target:g}% precision")
+    top.set_yscale("symlog", linthresh=1.0)
+    top.set_ylim(0, 100)
+    top.set_yticks([0, 0.5, 1, 2, 5, 10, 20, 50, 100], ["0", "0.5", "1", "2", "5", "10", "20", "50", "100"])
+    top.set_ylabel("wrong hits\n(% of hits)")
+    bottom.set_ylabel("hit rate (% of\nsame-meaning pairs)")
+    bottom.set_ylim(0, 102)
+    bottom.set_xlabel("cosine similarity threshold (a hit needs at least this)")
+    for ax in axes:
+        if default is not None:
+            ax.axvline(default, color="0.6", lw=1, label=f"common default {default:g}")
+        ax.grid(alpha=0.3)
+    top.legend(fontsize="small", loc="lower left")
+    return axes
+
+
 def format_sweep(ev: dict, every: float = 0.05) -> str:
     lines = [f"{'threshold':>9} | {'cosine only: hit rate  precision  false hits':>44} | "
              f"{'+ guard: hit rate  precision  false hits':>40}"]
@@ -335,39 +371,3 @@ def body(args: argparse.Namespace) -> dict:
 
 if __name__ == "__main__":
     raise SystemExit(main())
-
-
-def threshold_sweep(curves: dict[str, Sequence[dict]], target: float = 0.99, default: float | None = None, axes=None):
-    """Two panels against the similarity threshold, one colour per curve. Top: the share of hits
-    that are wrong (100 - hit precision, %, symlog so 1% and 2% stand apart from 50%), with the
-    target as a dotted line (below it: precision >= `target`); bottom: hit rate (% of
-    same-meaning pairs that hit). `curves`: name -> rows with "threshold", "precision",
-    "hit_rate" and "hits" (thresholds where nothing hits have no precision and are left out).
-    An optional `default` threshold is a grey vertical line. Returns the two axes."""
-    import matplotlib.pyplot as plt
-
-    if axes is None:
-        _, axes = plt.subplots(2, 1, figsize=(7, 5), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
-    top, bottom = axes
-    for i, (name, rows) in enumerate(curves.items()):
-        rows = sorted(rows, key=lambda r: r["threshold"])
-        hit = [r for r in rows if r["hits"]]
-        top.plot([r["threshold"] for r in hit], [100 * (1 - r["precision"]) for r in hit], color=f"C{i}", lw=2,
-                 label=name)
-        bottom.plot([r["threshold"] for r in rows], [100 * r["hit_rate"] for r in rows], color=f"C{i}", lw=2,
-                    label=name)
-    top.axhline(100 * (1 - target), color="k", ls=":", lw=1.2,
-                label=f"{100 * (1 - target):g}% wrong = {100 * target:g}% precision")
-    top.set_yscale("symlog", linthresh=1.0)
-    top.set_ylim(0, 100)
-    top.set_yticks([0, 0.5, 1, 2, 5, 10, 20, 50, 100], ["0", "0.5", "1", "2", "5", "10", "20", "50", "100"])
-    top.set_ylabel("wrong hits\n(% of hits)")
-    bottom.set_ylabel("hit rate (% of\nsame-meaning pairs)")
-    bottom.set_ylim(0, 102)
-    bottom.set_xlabel("cosine similarity threshold (a hit needs at least this)")
-    for ax in axes:
-        if default is not None:
-            ax.axvline(default, color="0.6", lw=1, label=f"common default {default:g}")
-        ax.grid(alpha=0.3)
-    top.legend(fontsize="small", loc="lower left")
-    return axes
