@@ -73,6 +73,13 @@ def _local_kernel_manager() -> type:
         transport = Unicode("ipc")
         ip = Unicode(str(Path(tempfile.mkdtemp(prefix="labkit-kernel-")) / "kernel"))
 
+        async def _async_interrupt_kernel(self) -> None:
+            # jupyter_client interrupts the kernel before asking it to shut down; after a run
+            # it is idle, and the SIGINT only makes it log "KeyboardInterrupt caught in
+            # kernel". A kernel that ignores the shutdown request is still killed after 1 s.
+            if not self.shutting_down:
+                await super()._async_interrupt_kernel()
+
     return LocalKernelManager
 
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from labkit import device as _device
-from labkit import presets
+from labkit import paths, presets
 
 DEFAULT_SEED = 0
 
@@ -33,6 +34,12 @@ class Session:
     device: torch.device
     params: dict[str, Any]
     seed: int
+
+    @property
+    def out(self) -> Path:
+        """The folder side files go to (traces, calibrations, bench JSON): `labkit notebooks
+        --out` sets it through $LABKIT_OUT_DIR; build/ in the repository otherwise."""
+        return paths.out_dir()
 
     def __str__(self) -> str:
         return f"chapter {self.chapter}: SIZE={self.size}, DEVICE={self.device}, seed={self.seed}"
