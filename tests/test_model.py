@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from labkit.model import (PRESETS, SamplingParams, Transformer, filter_logits, generate,
                           generate_stream, get_config, load_checkpoint, perplexity,
                           save_checkpoint, stream, unigram_perplexity)
+from labkit.model.transformer import Linear
 
 transformers = pytest.importorskip("transformers")
 
@@ -322,6 +323,43 @@ def test_weight_layouts_agree_and_bad_layout_raises():
     assert _rel_err(kn, nk) < 1e-5
     with pytest.raises(ValueError, match="'kn'"):
         m.set_weight_layout("column-major")
+
+
+def test_matmul_forms_and_tuning_keep_values():
+    """Every (layout, form) the decoder may pick computes the same logits and tokens;
+    tune_matmul's choice is one of them (which one depends on this machine's speed)."""
+    m = _small_model()
+    prompts = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11]]
+    x = torch.arange(20)[None] % 64
+    with torch.no_grad():
+        ref, ref_tokens = m(x), generate(m, prompts, max_new_tokens=10)
+    lins = [mod for mod in m.modules() if isinstance(mod, Linear)]
+    for layout in ("nk", "kn"):
+        m.set_weight_layout(layout)
+        for rows in (frozenset(), frozenset({1, 3, 20})):  # decode at batch 1 and 3, the 20-token pass
+            for mod in lins:
+                mod.wx_rows = rows
+            with torch.no_grad():
+                assert _rel_err(m(x), ref) < 1e-5
+            assert generate(m, prompts, max_new_tokens=10) == ref_tokens
+            assert [generate(m, p, max_new_tokens=10)[0] for p in prompts] == ref_tokens
+    choice = m.tune_matmul((1, 3), repeat=1)
+    assert choice["layout"] == m.weight_layout in ("nk", "kn") and set(choice["forms"]) == {1, 3}
+    assert all(mod.wx_rows == {b for b, f in choice["forms"].items() if f == "wx"} for mod in lins)
+    assert generate(m, prompts, max_new_tokens=10) == ref_tokens
+
+
+def test_decode_rates_interleaves_and_ratios_against_first():
+    from labkit.model.bench import decode_rates
+    calls = []
+
+    def run(name):
+        return lambda n: calls.append((name, n))
+    out = decode_rates({"a": run("a"), "b": run("b")}, batch=2, new_tokens=4, repeat=3)
+    assert calls[:2] == [("a", 4), ("b", 4)]  # one warm-up each, then rounds a, b, a, b ...
+    assert [c[0] for c in calls[2:]] == ["a", "a", "b", "b"] * 3
+    assert out["a"]["ratio"] == 1.0 or out["a"]["ratio"] != out["a"]["ratio"]  # 1, or NaN if t(N) <= t(1)
+    assert set(out["b"]) == {"tok_s", "step_s", "total_s", "ratio"}
 
 
 def test_bench_helpers_smoke():

@@ -8,7 +8,11 @@ reaches: (weight bytes + KV bytes read per decode step) / step time, over a read
 bandwidth measured here on a large tensor.
 
 Decode rate = batch · (N − 1) / (t(N new tokens) − t(1 new token)): subtracting a
-1-token generation removes prefill and set-up for both libraries alike.
+1-token generation removes prefill and set-up for both libraries alike. The variants
+are timed in interleaved rounds and the ratio is the median of the per-round ratios, so
+on a shared machine other processes' load falls on both libraries alike. Before timing,
+labkit chooses its linear layers' weight layout and matmul form per batch size by
+measurement (`Transformer.tune_matmul`).
 
 ``--layouts`` times the small preset's linear layers at M = 1 and 8 in three
 memory layouts (why batch 8 reaches a lower share of the roofline on a CPU).
@@ -18,6 +22,7 @@ transformers is imported only here (and in tests), never by labkit's runtime.
 
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Callable
 
@@ -95,10 +100,36 @@ def decode_rate(run: Callable[[int], object], batch: int, new_tokens: int, repea
     rates come back NaN (shown as such) rather than as an absurd number."""
     t_n = measure(lambda: run(new_tokens), warmup=1, repeat=repeat, device=device).median
     t_1 = measure(lambda: run(1), warmup=1, repeat=max(3, repeat), device=device).median
+    return _rate(batch, new_tokens, t_n, t_1)
+
+
+def _rate(batch: int, new_tokens: int, t_n: float, t_1: float) -> dict[str, float]:
     if t_n <= t_1:
         return {"tok_s": float("nan"), "step_s": float("nan"), "total_s": t_n}
     step = (t_n - t_1) / (new_tokens - 1)
     return {"tok_s": batch / step, "step_s": step, "total_s": t_n}
+
+
+def decode_rates(runs: dict[str, Callable[[int], object]], batch: int, new_tokens: int, repeat: int,
+                 device: torch.device | str = "cpu") -> dict[str, dict[str, float]]:
+    """`decode_rate` of several variants measured side by side: each of `repeat` rounds
+    times every variant once, so load from other processes falls on all of them alike.
+    Adds ``ratio``: the median over rounds of this variant's tok/s over the first one's."""
+    times = {k: {"n": [], "1": []} for k in runs}
+    for fn in runs.values():
+        fn(new_tokens)  # warm-up
+    for _ in range(repeat):
+        for k, fn in runs.items():
+            times[k]["n"].append(measure(lambda: fn(new_tokens), warmup=0, repeat=1, device=device).median)
+            times[k]["1"].append(measure(lambda: fn(1), warmup=0, repeat=1, device=device).median)
+    out = {k: _rate(batch, new_tokens, statistics.median(t["n"]), statistics.median(t["1"]))
+           for k, t in times.items()}
+    first = times[next(iter(runs))]
+    for k, t in times.items():
+        per_round = [_rate(batch, new_tokens, tn, t1)["step_s"] for tn, t1 in zip(first["n"], first["1"])]
+        mine = [_rate(batch, new_tokens, tn, t1)["step_s"] for tn, t1 in zip(t["n"], t["1"])]
+        out[k]["ratio"] = statistics.median(a / b for a, b in zip(per_round, mine))
+    return out
 
 
 def bytes_per_step(model: Transformer, batch: int, prompt_len: int, new_tokens: int) -> float:
@@ -129,12 +160,13 @@ def bench_model(name: str, model: Transformer, *, batches: tuple[int, ...], prom
         # Same weights must give the same greedy tokens before we time anything.
         agree = ours(8) == theirs(8)[:, prompt_len:].tolist()
         need = bytes_per_step(model, b, prompt_len, new_tokens)
-        variants = {"labkit": lambda n: ours(n), "transformers": theirs}
+        # transformers first: each variant's "ratio" is then its speed-up over transformers
+        variants = {"transformers": theirs, "labkit": lambda n: ours(n)}
         compile_s = None
         if compile_:
             compiled, compile_s = compiled_model(model, b, prompt_len + new_tokens)
             variants["labkit+compile"] = lambda n: ours(n, compiled, static=True)
-        res = {k: decode_rate(fn, b, new_tokens, repeat, model.device) for k, fn in variants.items()}
+        res = decode_rates(variants, b, new_tokens, repeat, model.device)
         for k, r in res.items():
             r["roofline"] = need / r["step_s"] / bw
         rows.append({"model": name, "params": model.num_params(), "batch": b, "agree": agree,
@@ -142,9 +174,9 @@ def bench_model(name: str, model: Transformer, *, batches: tuple[int, ...], prom
                          f"{k}_{f}": v for k, r in res.items() for f, v in r.items()}})
         line = f"{name:>6} b={b}: " + "  ".join(
             f"{k} {r['tok_s']:7.1f} tok/s ({100 * r['roofline']:4.0f}% roofline)" for k, r in res.items())
-        line += f"  ratio {res['labkit']['tok_s'] / res['transformers']['tok_s']:.2f}x"
+        line += f"  ratio {res['labkit']['ratio']:.2f}x"
         if compile_:
-            line += (f"  compile-ratio {res['labkit+compile']['tok_s'] / res['transformers']['tok_s']:.2f}x"
+            line += (f"  compile-ratio {res['labkit+compile']['ratio']:.2f}x"
                      f" (compile {compile_s:.1f} s)")
         print(line + ("" if agree else "  [WARNING: greedy tokens differ]"), flush=True)
     return rows
@@ -260,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
 def summarize(rows: list[dict]) -> str:
     """One line: per preset and batch, labkit tok/s, its ratio to transformers and roofline share."""
     parts = [f"{r['model']} b{r['batch']} {r['labkit_tok_s']:.1f} tok/s "
-             f"({r['labkit_tok_s'] / r['transformers_tok_s']:.2f}x transformers, "
+             f"({r['labkit_ratio']:.2f}x transformers, "
              f"{100 * r['labkit_roofline']:.0f}% roofline){'' if r['agree'] else ' TOKENS DIFFER'}" for r in rows]
     return "; ".join(parts) or "no rows"
 
@@ -292,6 +324,12 @@ def body(args, dev: torch.device) -> dict:
         print(f"-- {label}: {model.num_params() / 1e6:.1f} M params, "
               f"{model.weight_bytes_per_step() / 1e6:.1f} MB weights read per step; "
               f"read bandwidth now {bw['read'] / 1e9:.1f} GB/s", flush=True)
+        # What a deployment does at load time: time the linear layers' layouts and forms
+        # at these batch sizes on this machine and keep the fastest.
+        tuned = model.tune_matmul(batches)
+        results.setdefault("matmul", {})[name] = {"layout": tuned["layout"], "forms": tuned["forms"]}
+        print(f"   matmul chosen by measurement: layout {tuned['layout']}, form per batch "
+              + ", ".join(f"b{b} {f}" for b, f in tuned["forms"].items()), flush=True)
         results["rows"] += bench_model(name, model, batches=batches, prompt_len=args.prompt_len,
                                        new_tokens=new_tokens, repeat=repeat, bw=bw["read"],
                                        compile_=args.compile and name in args.compile_presets.split(","))
