@@ -17,7 +17,7 @@ import sys
 
 import torch
 
-from labkit import benchkit, presets
+from labkit import benchkit
 from labkit.data import corpus_ids
 from labkit.ledger.ch4 import (MIN_ROUNDS, judge_c13, judge_c14, measure_c14_decode, order_labels, predict_c13,
                                predict_c14)
@@ -43,9 +43,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def body(run: benchkit.Session, size: str, threads: int | None) -> None:
     """Sections 1-4; figures go into `run` and its summary."""
-    P = presets.sizes("pruning", size)
-    px.use_threads(threads or P["threads"])
-    torch.manual_seed(0)
+    P = px.bench_sizes(size, threads)
     budget = dx.budget_from_params(P)
     valid, train = corpus_ids("valid"), corpus_ids("train", max_chars=P["train_chars"])
     tiny = load_tiny()

@@ -18,7 +18,7 @@ import sys
 
 import torch
 
-from labkit import benchkit, presets
+from labkit import benchkit
 from labkit.data import corpus_ids
 from labkit.ledger.ch4 import c12_speedups, judge_c12, predict_c12
 from labkit.model import Transformer, load_tiny
@@ -63,9 +63,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def body(run: benchkit.Session, size: str, threads: int | None) -> None:
     """Sections 1-5; figures go into `run` and its summary."""
-    P = presets.sizes("pruning", size)
-    px.use_threads(threads or P["threads"])
-    torch.manual_seed(0)
+    P = px.bench_sizes(size, threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, sizes {size}")
 
     n = P["matmul_n"]

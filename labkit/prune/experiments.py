@@ -22,8 +22,7 @@ from labkit.prune.recover import RecoveryBudget, recover
 from labkit.prune.semistructured import prune_24
 from labkit.prune.structured import prune_structured
 from labkit.prune.unstructured import prune_unstructured, smallest_k_mask
-from labkit.timing import decode_tok_s
-from labkit.timing import measure
+from labkit.timing import decode_tok_s, measure
 
 
 def use_threads(n: int | None) -> int:
@@ -35,6 +34,17 @@ def use_threads(n: int | None) -> int:
             raise ValueError(f"threads={n} must be >= 1")
         torch.set_num_threads(n)
     return torch.get_num_threads()
+
+
+def bench_sizes(size: str, threads: int | None) -> dict:
+    """The "pruning" preset at `size` for a chapter-4 bench (prune, distill), with torch on
+    `threads` threads (None: the preset's) and seeded, so both benches start alike."""
+    from labkit import presets
+
+    P = presets.sizes("pruning", size)
+    use_threads(threads or P["threads"])
+    torch.manual_seed(0)
+    return P
 
 
 def _kn(w: torch.Tensor) -> torch.Tensor:
