@@ -165,8 +165,11 @@ def plot_phases(prefill: list[dict], decode: list[dict]):
     for r in prefill[-1:]:
         c.axhline(r["tokens_per_s"], color="k", ls=":", label=f"prefill, {r['prompt_len']}-token prompt")
     c.set(xlabel="batch (sequences)", ylabel="tokens/s", title="throughput")
+    from labkit.plots import tidy_log_axes
+
     for ax, xs in ((a, T), (b, B), (c, B)):
-        ax.set_xticks(xs, [str(x) for x in xs])  # the measured sizes, not 2x10^1-style minor ticks
+        tidy_log_axes(ax)  # plain numbers on the y axis, no "6x10^1"-style minor labels
+        ax.set_xticks(xs, [str(x) for x in xs])  # the measured sizes
         ax.xaxis.set_minor_formatter(plt.NullFormatter())
         ax.legend(fontsize="small")
     fig.tight_layout()

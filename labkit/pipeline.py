@@ -302,27 +302,38 @@ def run_requests(model: Any, queries: list[str], config: PipelineConfig | None =
 
 
 def plot_breakdowns(results: dict[str, Spans], ax=None, percent: bool = True):
-    """Stacked bars, one per configuration: each stage's share of request time (%), or
-    mean ms per request with ``percent=False``. Pre (oranges) and post (greens) are stacked
-    first, so their top edge reads as the share spent outside the model (blues on top)."""
-    import matplotlib.pyplot as plt
-
+    """Stacked bars, one per configuration: the share of request time (%) spent in
+    pre-processing, post-processing and the model, or mean ms per request with
+    ``percent=False``. Pre and post are stacked first, so their top edge reads as the share
+    spent outside the model (written above each bar); each part carries its own number."""
     ax = axes(ax, (9, 3.8))
-    palettes = {"pre": plt.cm.Oranges, "model": plt.cm.Blues, "post": plt.cm.Greens}
-    bottoms = [0.0] * len(results)
+    colours = {"pre": "#e6862e", "post": "#4daf4a", "model": "#3b75af"}
+    names = {"pre": "pre-processing", "post": "post-processing", "model": "model (prefill + decode)"}
+    xs = range(len(results))
+    parts = {}
     for group in ("pre", "post", "model"):
-        names = STAGES[group]
-        for j, stage in enumerate(names):
-            heights = []
-            for sp in results.values():
-                t = sp.totals()
-                heights.append(100 * t.get(stage, 0.0) / (sum(t.values()) or 1.0) if percent
-                               else 1e3 * t.get(stage, 0.0) / max(sp.request, 1))
-            if any(heights):
-                ax.bar(range(len(results)), heights, bottom=bottoms, label=f"{group}: {stage}",
-                       color=palettes[group](0.4 + 0.5 * j / max(len(names) - 1, 1)))
-                bottoms = [b + h for b, h in zip(bottoms, heights)]
-    ax.set_xticks(range(len(results)), list(results), rotation=12)
+        parts[group] = []
+        for sp in results.values():
+            t = sp.totals()
+            v = sum(t.get(stage, 0.0) for stage in STAGES[group])
+            parts[group].append(100 * v / (sum(t.values()) or 1.0) if percent else 1e3 * v / max(sp.request, 1))
+    scale = max(map(sum, zip(*parts.values())), default=1.0) or 1.0
+    unit = "%" if percent else " ms"
+    bottoms = [0.0] * len(results)
+    for group, heights in parts.items():
+        ax.bar(xs, heights, bottom=bottoms, label=names[group], color=colours[group], width=0.7)
+        for x, b, h in zip(xs, bottoms, heights):
+            if h >= 0.06 * scale:  # a label fits inside the segment
+                ax.text(x, b + h / 2, f"{h:.0f}{unit}" if h >= 10 else f"{h:.1f}{unit}", ha="center",
+                        va="center", fontsize=8, color="white" if group == "model" else "black")
+        bottoms = [b + h for b, h in zip(bottoms, heights)]
+    outside = [a + b for a, b in zip(parts["pre"], parts["post"])]
+    top = max(bottoms) or 1.0
+    for x, o, b in zip(xs, outside, bottoms):
+        share = 100 * o / (b or 1.0)
+        ax.text(x, b + 0.02 * top, f"outside the\nmodel: {share:.1f}%", ha="center", va="bottom", fontsize=8)
+    ax.set_ylim(0, 1.2 * top)
+    ax.set_xticks(list(xs), list(results), rotation=12)
     ax.set_ylabel("share of request time (%)" if percent else "time per request (ms)")
     ax.legend(fontsize="small", ncol=1, bbox_to_anchor=(1.01, 1), loc="upper left")
     return ax

@@ -8,6 +8,7 @@ Each chapter's own plots live next to the code that produces the numbers:
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -26,15 +27,64 @@ def tidy_log_axes(ax) -> Any:
     keeping the major decades and plain numbers for them; returns `ax`."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    def plain(v: float, _pos: Any = None) -> str:
+        if v <= 0 or 1e-3 <= v < 1e5:
+            return f"{v:g}"
+        exp = math.floor(math.log10(v) + 1e-9)
+        mant = round(v / 10 ** exp, 6)
+        return f"$10^{{{exp}}}$" if mant == 1 else f"${mant:g}\\times10^{{{exp}}}$"
+
+    ax.autoscale_view()
     for axis, scale in ((ax.xaxis, ax.get_xscale()), (ax.yaxis, ax.get_yscale())):
         if scale == "log":
             lo, hi = sorted(axis.get_view_interval())
-            # Under two decades, label 1-2-5 steps so the axis still has a few numbers on it.
-            axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0) if hi / max(lo, 1e-300) < 100 else (1.0,)))
+            span = hi / max(lo, 1e-300)
+            # Under a decade label 1-2-3-5 steps, under two 1-2-5, so the axis keeps a few numbers.
+            subs = (1.0, 2.0, 3.0, 5.0) if span < 10 else (1.0, 2.0, 5.0) if span < 100 else (1.0,)
+            axis.set_major_locator(LogLocator(subs=subs))
             axis.set_minor_formatter(NullFormatter())
-            axis.set_major_formatter(plain)
+            axis.set_major_formatter(FuncFormatter(plain))
     return ax
+
+
+def place_labels(ax, xs, ys, texts, fontsize: float = 8, **kw: Any) -> list:
+    """Label each point (xs[i], ys[i]) with texts[i], at the first of a few offsets around it
+    where the label overlaps no label placed before it, no point, and stays inside the axes;
+    returns the annotations. Call it after everything that sets the axis limits."""
+    ax.autoscale_view()
+    fig = ax.figure
+    ppt = fig.dpi / 72  # pixels per point
+    centres = [ax.transData.transform((x, y)) for x, y in zip(xs, ys)]
+    r = 5 * ppt
+    taken = [(cx - r, cy - r, cx + r, cy + r) for cx, cy in centres]
+    frame = ax.bbox
+    # (dx, dy) in points from the point to the label's corner nearest it; right/left, below/above.
+    offsets = [(5, -3), (5, 3), (-5, 3), (-5, -3), (5, -15), (5, 15), (-5, -15), (-5, 15),
+               (12, -27), (12, 27), (-12, -27), (-12, 27)]
+    out = []
+    for x, y, (cx, cy), text in zip(xs, ys, centres, texts):
+        w = 0.62 * fontsize * ppt * max(len(line) for line in str(text).splitlines() or [""])
+        h = 1.3 * fontsize * ppt * max(1, len(str(text).splitlines()))
+        best, best_cost = None, None
+        for dx, dy in offsets:
+            x0 = cx + dx * ppt if dx > 0 else cx + dx * ppt - w
+            y0 = cy + dy * ppt if dy > 0 else cy + dy * ppt - h
+            box = (x0, y0, x0 + w, y0 + h)
+            cost = sum(max(0, min(box[2], b[2]) - max(box[0], b[0])) * max(0, min(box[3], b[3]) - max(box[1], b[1]))
+                       for b in taken)
+            outside = (max(0, frame.x0 - box[0]) + max(0, box[2] - frame.x1)) * h + \
+                      (max(0, frame.y0 - box[1]) + max(0, box[3] - frame.y1)) * w
+            cost += 2 * outside
+            if best_cost is None or cost < best_cost:
+                best, best_cost = (dx, dy, box), cost
+            if cost == 0:
+                break
+        dx, dy, box = best
+        taken.append(box)
+        out.append(ax.annotate(text, (x, y), xycoords="data", fontsize=fontsize, textcoords="offset points",
+                               xytext=(dx, dy), ha="left" if dx > 0 else "right",
+                               va="bottom" if dy > 0 else "top", **kw))
+    return out
 
 
 def caption(ax, text: str, width: int = 110) -> Any:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from labkit.paths import DATA
-from labkit.plots import axes
+from labkit.plots import axes, caption, place_labels, tidy_log_axes
 
 HARDWARE_CSV = DATA / "hardware.csv"
 DTYPE_COLUMNS = {"fp32": "fp32_tflops", "tf32": "tf32_tflops", "bf16": "bf16_tflops",
@@ -182,19 +182,31 @@ def plot(roof: Roofline, points: Iterable[Any] = (), ax=None, dtypes: Sequence[s
 
     ax = axes(ax, (8, 5))
     xs = np.logspace(math.log10(imin), math.log10(imax), 200)
-    for dt in dtypes or list(roof.peaks):
-        ax.plot(xs, [roof.attainable(x, dt) for x in xs], lw=2,
+    # Roofs in greys with one line style each: they share the bandwidth slope, and a dashed or
+    # dotted roof over a solid one leaves both visible. The points take the colours.
+    styles = [("0.1", "-", 2.4), ("0.45", "--", 1.8), ("0.6", ":", 2.2), ("0.3", "-.", 1.6)]
+    for k, dt in enumerate(dtypes or list(roof.peaks)):
+        colour, ls, lw = styles[k % len(styles)]
+        ax.plot(xs, [roof.attainable(x, dt) for x in xs], lw=lw, ls=ls, color=colour, zorder=2 + 0.1 * k,
                 label=f"{dt} roof {roof.peak(dt) / 1e9:.3g} GFLOP/s, ridge {roof.ridge(dt):.3g} FLOP/B")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    px, py, texts, over = [], [], [], False
     for i, p in enumerate(points):
         dt = p.dtype if p.dtype in roof.peaks else next(iter(roof.peaks))
         inten, achieved = p.flops / p.bytes, p.flops / p.time_s
-        ax.scatter([inten], [achieved], s=30, zorder=3)
-        if label_points:
-            pct = 100 * achieved / roof.attainable(inten, dt)
-            ax.annotate(f"{labels[i] if labels else p.name} {pct:.0f}%", (inten, achieved), fontsize=8,
-                        textcoords="offset points", xytext=(4, -10))
-    ax.set_xscale("log")
-    ax.set_yscale("log")
+        ax.scatter([inten], [achieved], s=30, zorder=4, color=f"C{i % 10}")
+        pct = 100 * achieved / roof.attainable(inten, dt)
+        over |= pct > 100
+        px.append(inten), py.append(achieved)
+        texts.append(f"{labels[i] if labels else p.name} {pct:.0f}%" + ("*" if pct > 100 else ""))
+    tidy_log_axes(ax)
+    if label_points and texts:
+        place_labels(ax, px, py, texts)
+    if label_points and over:
+        caption(ax, "* above 100 %: the roof is the best one probe measured (STREAM for bytes/s, one GEMM "
+                    "for FLOP/s), not a hard limit. A kernel that keeps its data in cache moves fewer DRAM "
+                    "bytes than counted, and on a busy machine timing noise alone moves a point by 10 % or more.")
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel("performance (FLOP/s)")
     ax.set_title(f"roofline: {roof.name}, bandwidth {roof.bandwidth / 1e9:.3g} GB/s")
