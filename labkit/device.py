@@ -274,6 +274,13 @@ class TelemetryTrace:
         ax.set_xlabel("time (s)")
         ax.set_ylabel("utilisation (%)")
         ax.set_ylim(0, 105)
+        busy = self.mean("cpu_percent")
+        if busy is not None and busy > 85 and all(f in self.unavailable for f in GPU_FIELDS):
+            # The flat line is the lesson: say so on the plot, where a reader looks for a signal.
+            ax.text(0.5, 0.45, f"every core busy ({busy:.0f}% on average): a core that waits\n"
+                    "for memory counts as busy, so this cannot tell\nmemory-bound from compute-bound",
+                    transform=ax.transAxes, ha="center", va="center", fontsize=8, color="0.3",
+                    bbox={"facecolor": "white", "edgecolor": "0.8", "alpha": 0.9})
         ax.legend(loc="lower right", fontsize="small", ncol=2)
         return ax
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from labkit.plots import axes
+from labkit.plots import axes, tidy_log_axes
 
 
 def stream_sweep(results: Sequence[Any], llc_bytes: int, ax=None):
@@ -21,18 +21,25 @@ def stream_sweep(results: Sequence[Any], llc_bytes: int, ax=None):
     ax.set_xlabel("working set (MiB, all arrays)")
     ax.set_ylabel("bandwidth, best repeat (GB/s, reads + writes)")
     ax.set_title("STREAM: the cache → DRAM cliff")
+    tidy_log_axes(ax)
     ax.legend(fontsize="small")
     return ax
 
 
 def rate_vs(results: Sequence[Any], key: str, ax=None, xlabel: str = "", title: str = ""):
     """Achieved GFLOP/s against shape[`key`] (log-log), one line per dtype."""
+    from matplotlib.ticker import NullFormatter
+
     ax = axes(ax)
     for dt in dict.fromkeys(r.dtype for r in results):
         rows = sorted((r for r in results if r.dtype == dt), key=lambda r: r.shape[key])
         ax.plot([r.shape[key] for r in rows], [r.flop_per_s / 1e9 for r in rows], "o-", ms=3, label=dt)
-    ax.set_xscale("log", base=2)
+    ax.set_xscale("log")
     ax.set_yscale("log")
+    tidy_log_axes(ax)
+    sizes = sorted({r.shape[key] for r in results})
+    ax.set_xticks(sizes, [str(v) for v in sizes])  # the measured sizes, in plain numbers
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel(xlabel or key)
     ax.set_ylabel("throughput (GFLOP/s)")
     ax.set_title(title)
