@@ -12,11 +12,15 @@ process of its own, with the same arrival kind, rate, prompt/output lengths and 
 
 * ``python -m labkit loadtest --url U --rate R --arrival uniform|poisson --requests N
   --prompt-len P --output-len O --warmup 0 --out records.jsonl --json summary.json``
-* ``guidellm run --backend kind=openai_http,target=U,request_format=/v1/completions
-  --profile kind=constant|poisson,rate=R --constraint kind=max_requests,count=N
-  --data kind=synthetic_text,prompt_tokens=P,output_tokens=O --tokenizer kind=hf_auto,model=DIR
-  --output kind=json,path=guidellm.json`` (DIR: a temp dir holding data/tiny/tokenizer.json and a
-  minimal tokenizer_config.json, so nothing is fetched from a hub; HF_HUB_OFFLINE=1).
+* ``guidellm run --backend kind=openai_http,target=U,request_format=/v1/completions,
+  extras.body.temperature=0 --profile kind=constant|poisson,rate=R --constraint
+  kind=max_requests,count=N --data kind=json_file,path=labkit_prompts.jsonl
+  --tokenizer kind=hf_auto,model=DIR --output kind=json,path=guidellm.json`` (DIR: a temp dir
+  holding data/tiny/tokenizer.json and a minimal tokenizer_config.json, so nothing is fetched
+  from a hub; HF_HUB_OFFLINE=1). By default guidellm sends labkit's very prompts (the JSON-lines
+  file: prompt, prompt_tokens_count, output_tokens_count), so the server does the same work for
+  both; ``--guidellm-data synthetic`` uses ``kind=synthetic_text,prompt_tokens=P,output_tokens=O``
+  instead (other text of the same token lengths).
 
 Both send streaming ``/v1/completions`` with ``max_tokens=O, ignore_eos: true, temperature: 0,
 stream_options.include_usage`` (guidellm adds ``continuous_usage_stats: true``; its temperature
@@ -208,13 +212,27 @@ def labkit_cmd(a: argparse.Namespace, url: str, tmp: Path) -> list[str]:
             "--out", str(tmp / "labkit_records.jsonl"), "--json", str(tmp / "labkit_summary.json")]
 
 
+def labkit_prompts_file(a: argparse.Namespace, tmp: Path) -> Path:
+    """The exact prompts `labkit loadtest` sends (same seed), as a JSON-lines file guidellm reads."""
+    from labkit.loadgen.arrivals import open_loop
+
+    specs = open_loop(a.requests, a.rate, "uniform" if a.arrival == "constant" else "poisson",
+                      prompt_len=a.prompt_len, output_len=a.output_len, seed=a.seed)
+    path = tmp / "labkit_prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": s.prompt, "prompt_tokens_count": s.prompt_len,
+                                        "output_tokens_count": s.max_tokens}) + "\n" for s in specs))
+    return path
+
+
 def guidellm_cmd(a: argparse.Namespace, exe: str, url: str, tmp: Path, tok: Path) -> list[str]:
+    data = (f"kind=json_file,path={labkit_prompts_file(a, tmp)}" if a.guidellm_data == "labkit" else
+            f"kind=synthetic_text,prompt_tokens={a.prompt_len},output_tokens={a.output_len}")
     return [exe, "run",
             "--backend", f"kind=openai_http,target={url},request_format=/v1/completions,timeout={a.timeout},"
                          "extras.body.temperature=0",  # greedy, as labkit loadtest sends (server default: 1)
             "--profile", f"kind={a.arrival},rate={a.rate}",
             "--constraint", f"kind=max_requests,count={a.requests}",
-            "--data", f"kind=synthetic_text,prompt_tokens={a.prompt_len},output_tokens={a.output_len}",
+            "--data", data,
             "--tokenizer", f"kind=hf_auto,model={tok}",
             "--seed", f"kind=static,value={a.seed}",
             "--output", f"kind=json,path={tmp / 'guidellm.json'}",
@@ -397,6 +415,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--guidellm", default=None, help=f"guidellm executable (default {DEFAULT_GUIDELLM}, else PATH)")
     p.add_argument("--guidellm-workers", type=int, default=None,
                    help="GUIDELLM__MAX_WORKER_PROCESSES (default: guidellm's own, 10)")
+    p.add_argument("--guidellm-data", choices=("labkit", "synthetic"), default="labkit",
+                   help="guidellm's prompts: labkit = the very prompts labkit loadtest sends (a json_file; the same "
+                        "work for the server), synthetic = guidellm's synthetic_text of the same lengths")
     p.add_argument("--tokenizer", default=str(TOKENIZER), help="tokenizer.json of the served model (for guidellm)")
     p.add_argument("--url", default=None, help="use this running server instead of starting one")
     p.add_argument("--threads", type=int, default=1, help="server torch threads (default 1)")
@@ -463,6 +484,7 @@ def main(argv: list[str] | None = None) -> int:
         "config": {"url": url, "rate": a.rate, "arrival": a.arrival, "prompt_len": a.prompt_len,
                    "output_len": a.output_len, "requests": a.requests, "rounds": a.rounds, "warmup": a.warmup,
                    "order": a.order, "seed": a.seed, "guidellm_workers": a.guidellm_workers,
+                   "guidellm_data": a.guidellm_data,
                    "tolerance": a.tolerance},
         "guidellm_version": gl_version[0] if gl_version else "?",
         "commands": cmds, "raw_dir": str(tmp),
