@@ -60,7 +60,8 @@ def place_labels(ax, xs, ys, texts, fontsize: float = 8, **kw: Any) -> list:
     frame = ax.bbox
     # (dx, dy) in points from the point to the label's corner nearest it; right/left, below/above.
     offsets = [(5, -3), (5, 3), (-5, 3), (-5, -3), (5, -15), (5, 15), (-5, -15), (-5, 15),
-               (12, -27), (12, 27), (-12, -27), (-12, 27)]
+               (12, -27), (12, 27), (-12, -27), (-12, 27), (20, -40), (20, 40), (-20, -40), (-20, 40),
+               (30, -55), (30, 55), (-30, -55), (-30, 55)]
     out = []
     for x, y, (cx, cy), text in zip(xs, ys, centres, texts):
         w = 0.62 * fontsize * ppt * max(len(line) for line in str(text).splitlines() or [""])
@@ -81,9 +82,11 @@ def place_labels(ax, xs, ys, texts, fontsize: float = 8, **kw: Any) -> list:
                 break
         dx, dy, box = best
         taken.append(box)
+        far = abs(dy) > 20  # a label pushed away from its point gets a thin line back to it
+        arrow = {"arrowprops": {"arrowstyle": "-", "lw": 0.5, "color": "0.5", "shrinkA": 0, "shrinkB": 3}} if far else {}
         out.append(ax.annotate(text, (x, y), xycoords="data", fontsize=fontsize, textcoords="offset points",
                                xytext=(dx, dy), ha="left" if dx > 0 else "right",
-                               va="bottom" if dy > 0 else "top", **kw))
+                               va="bottom" if dy > 0 else "top", **arrow, **kw))
     return out
 
 

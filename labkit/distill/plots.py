@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from labkit.distill.experiments import pareto_front
-from labkit.plots import axes
+from labkit.plots import axes, place_labels, tidy_log_axes
 
 
 def orders(step_rows: list[dict], ax=None):
@@ -12,14 +12,23 @@ def orders(step_rows: list[dict], ax=None):
     by: dict[str, list[dict]] = {}
     for r in step_rows:
         by.setdefault(r["order"], []).append(r)
-    for order, rs in by.items():
-        ax.plot([r["step"] for r in rs], [r["ppl"] for r in rs], "o-", label=order)
+    px, py, texts = [], [], []
+    n = len(by)
+    for i, (order, rs) in enumerate(by.items()):
+        # Orders that reach the same perplexity would hide each other's lines: shift each a
+        # little sideways and give it its own marker.
+        dx = (i - (n - 1) / 2) * 0.08
+        ax.plot([r["step"] + dx for r in rs], [r["ppl"] for r in rs], marker="os^Dv"[i % 5], ls="-",
+                alpha=0.85, label=order)
         for r in rs[1:]:
-            ax.annotate(r["op"].split()[0], (r["step"], r["ppl"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+            px.append(r["step"] + dx), py.append(r["ppl"]), texts.append(r["op"].split()[0])
     ax.set_yscale("log")
     ax.set_xlabel("step")
     ax.set_ylabel("validation perplexity (log scale)")
-    ax.legend(fontsize=8)
+    ax.set_xticks(sorted({r["step"] for r in step_rows}))
+    tidy_log_axes(ax)
+    place_labels(ax, px, py, texts, fontsize=7)
+    ax.legend(fontsize=8, loc="best")
     return ax
 
 
@@ -31,13 +40,13 @@ def pareto(rows: list[dict], ax=None):
     for i, fam in enumerate(families):
         rs = [r for r in rows if r["family"] == fam]
         ax.scatter([r["tok_s"] for r in rs], [r["ppl"] for r in rs], color=f"C{i}", label=fam)
-        for r in rs:
-            ax.annotate(r["label"], (r["tok_s"], r["ppl"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
     front = pareto_front(rows)
     ax.plot([r["tok_s"] for r in front], [r["ppl"] for r in front], "k--", lw=0.8, label="Pareto front")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("decode tokens/s, batch 1 (log scale; right is faster)")
     ax.set_ylabel("validation perplexity (log scale; lower is better)")
-    ax.legend(fontsize=8)
+    tidy_log_axes(ax)
+    place_labels(ax, [r["tok_s"] for r in rows], [r["ppl"] for r in rows], [r["label"] for r in rows], fontsize=7)
+    ax.legend(fontsize=8, loc="best")
     return ax
