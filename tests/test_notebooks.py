@@ -83,3 +83,27 @@ def test_bad_size_fails_with_the_allowed_values(kernel, tmp_path):
                             kernel_name=kernel, cwd=str(first.parent), progress_bar=False)
     msg = str(err.value)
     assert "huge" in msg and all(c in msg for c in ("smoke", "full", "auto"))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_names_no_build_folder(path):
+    """Side files go to `Session.out` (the --out folder), never to a path written in the notebook."""
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            assert "build/" not in cell.source, f"{path.stem}: write side files under run.out, not build/"
+
+
+@pytest.mark.timeout(PER_NOTEBOOK_TIMEOUT_S)
+def test_side_files_go_to_the_out_folder(kernel, tmp_path):
+    """03 writes a profiler trace: with --out elsewhere it lands there and build/ is left alone."""
+    import time
+
+    path = next(p for p in NOTEBOOKS if p.stem.startswith("03"))
+    trace = "03_decode_step_trace.json"
+    start = time.time()
+    notebooks.run_notebook(path, tmp_path, size="smoke", kernel=kernel, timeout_s=PER_NOTEBOOK_TIMEOUT_S)
+    assert (tmp_path / trace).exists()
+    assert (tmp_path / "ledger" / f"{path.stem}.json").exists()
+    for f in (BUILD / trace, BUILD / "ledger" / f"{path.stem}.json"):
+        assert not f.exists() or f.stat().st_mtime < start, f"the run with out={tmp_path} wrote {f}"
