@@ -25,7 +25,7 @@ def axes(ax: Any = None, size: tuple[float, float] = (7, 4)) -> Any:
 def tidy_log_axes(ax) -> Any:
     """Drop the minor tick labels matplotlib prints on short log axes ("4x10^1, 3x10^1, ..."),
     keeping the major decades and plain numbers for them; returns `ax`."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter, NullLocator
 
     def plain(v: float, _pos: Any = None) -> str:
         if v <= 0 or 1e-3 <= v < 1e5:
@@ -40,8 +40,12 @@ def tidy_log_axes(ax) -> Any:
             lo, hi = sorted(axis.get_view_interval())
             span = hi / max(lo, 1e-300)
             # Under a decade label 1-2-3-5 steps, under two 1-2-5, so the axis keeps a few numbers.
-            subs = (1.0, 2.0, 3.0, 5.0) if span < 10 else (1.0, 2.0, 5.0) if span < 100 else (1.0,)
-            axis.set_major_locator(LogLocator(subs=subs))
+            if span < 3:  # too narrow for any 1-2-3-5 step: evenly spaced round numbers
+                axis.set_major_locator(MaxNLocator(nbins=5, steps=[1, 2, 2.5, 5, 10]))
+                axis.set_minor_locator(NullLocator())
+            else:
+                subs = (1.0, 2.0, 3.0, 5.0) if span < 10 else (1.0, 2.0, 5.0) if span < 100 else (1.0,)
+                axis.set_major_locator(LogLocator(subs=subs))
             axis.set_minor_formatter(NullFormatter())
             axis.set_major_formatter(FuncFormatter(plain))
     return ax
