@@ -22,7 +22,7 @@ def stream_sweep(results: Sequence[Any], llc_bytes: int, ax=None):
     ax.set_ylabel("bandwidth, best repeat (GB/s, reads + writes)")
     ax.set_title("STREAM: the cache → DRAM cliff")
     tidy_log_axes(ax)
-    ax.legend(fontsize="small")
+    ax.legend(fontsize="small", bbox_to_anchor=(1.01, 1), loc="upper left")  # beside: the curves fill the axes
     return ax
 
 
