@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from labkit.plots import axes
+from labkit.plots import axes, tidy_log_axes
 
 
 def breakeven(sweep: dict, ax=None):
@@ -19,6 +19,7 @@ def breakeven(sweep: dict, ax=None):
     ax.set_yscale("log")
     ax.set_xlabel("sparsity (% of weights zero)")
     ax.set_ylabel("CSR / dense (time or bytes, log scale)")
+    tidy_log_axes(ax)
     ax.legend(fontsize=8)
     return ax
 
