@@ -84,6 +84,11 @@ load, not the client. --rounds K repeats the pair K times, alternating who goes 
 main table pools the rounds.
 
 Measurements of one shared, noisy machine: run it on a quiet one for the figure that counts.
+On the 2 shared cores where this was written, 4 req/s x 64 tokens is close to what the tiny
+server (1 thread) sustains, so its own mean TPOT swung 7-66 ms from run to run (queues grow,
+batches grow, steps slow down); the two clients then disagree by 2-4x in either direction
+while their client - server offsets stay within 5-20 ms of each other. Check the server
+columns before reading the ratios; --rounds 3 on a quiet machine, or a lower --rate.
 """
 
 from __future__ import annotations
