@@ -262,7 +262,7 @@ def test_queue_bound_includes_requests_in_preprocessing():
 
 # ------------------------------------------------------------------ verdicts
 def _p22():
-    return verdicts.predict_c22(0.2, 10.0, 20.0, 0.6)
+    return verdicts.predict_c22(0.2, 3.5, 5.0, 20.0, 0.6)
 
 
 def test_c22_holds_when_the_fix_removes_a_several_fold_tail():

@@ -24,15 +24,20 @@ LOCK_SHARE = 0.25    # C21 step 3: >= this share of the busy thread samples wait
 
 
 # ------------------------------------------------------------------------------- C22
-def predict_c22(unloaded_p99_s: float, rate_rps: float, capacity_rps: float, slo_s: float) -> Prediction:
-    """Before loading: at `rate_rps`, a share of the capacity predicted from one request's CPU
-    cost, requests that run side by side should keep p99 near the unloaded p99."""
-    return Prediction.of("C22", f"at {rate_rps:.3g} req/s ({100 * rate_rps / capacity_rps:.0f}% of the "
-                                f"{capacity_rps:.3g} req/s the cores allow) p99 E2E should stay near the unloaded "
+def predict_c22(unloaded_p99_s: float, rate_rps: float, serial_rps: float, capacity_rps: float,
+                slo_s: float) -> Prediction:
+    """Before loading: at `rate_rps` (below `serial_rps`, what one request at a time sustains,
+    and far below `capacity_rps`, what the cores allow), requests that run side by side should
+    keep p99 near the unloaded p99."""
+    return Prediction.of("C22", f"at {rate_rps:.3g} req/s ({100 * rate_rps / serial_rps:.0f}% of the "
+                                f"{serial_rps:.3g} req/s one request at a time sustains, "
+                                f"{100 * rate_rps / capacity_rps:.0f}% of the {capacity_rps:.3g} req/s the cores "
+                                f"allow) p99 E2E should stay near the unloaded "
                                 f"{unloaded_p99_s:.3g} s, within the SLO; the article: an unsafe stage pushes it to "
                                 f"~{ARTICLE_RATIO:g}x, and fixing the stage alone restores it",
                          **{"unloaded p99": (unloaded_p99_s, "s"), "SLO": (slo_s, "s"),
-                            "operating rate": (rate_rps, "req/s"), "predicted capacity": (capacity_rps, "req/s")})
+                            "operating rate": (rate_rps, "req/s"), "one at a time": (serial_rps, "req/s"),
+                            "predicted capacity": (capacity_rps, "req/s")})
 
 
 def judge_c22(prediction: Prediction, unloaded_p99_s: float, unsafe_p99_s: float, fixed_p99_s: float,
@@ -137,7 +142,7 @@ def _walk(size: str) -> dict[str, Any]:
     with case.serve("global_lock") as srv:
         base = case.unloaded(srv, sc)
         slo = sc.slo_factor * base.p99
-        rate = sc.load * base.capacity_rps
+        rate = sc.load * base.serial_rps
         unsafe = case.at_rate(srv, rate, sc, profile_s=P["profile_s"])
     ladder = case.climb(rate, sc, slo, {"preprocess": "global_lock"}, progress=None)
     fixed = next((r["run"] for r in ladder if r.get("cost") == "code fix" and "run" in r), None)
@@ -156,7 +161,7 @@ def _walked(size: str) -> dict[str, Any]:
 
 def run_c22(size: str = "smoke", device: Any = None) -> Verdict:
     w = _walked(size)
-    pred = predict_c22(w["base"].p99, w["rate"], w["base"].capacity_rps, w["slo"])
+    pred = predict_c22(w["base"].p99, w["rate"], w["base"].serial_rps, w["base"].capacity_rps, w["slo"])
     fixed = w["fixed"]
     if fixed is None:
         from labkit.loadgen import case

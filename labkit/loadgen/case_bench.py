@@ -1,7 +1,7 @@
 """`python -m labkit.loadgen.case_bench [--quick]`: the case study's figures (notebook 09), in one run.
 
 1. The service with the unsafe stage, unloaded: p50/p99 E2E; the SLO (3x the unloaded p99).
-2. The same service at the operating rate (half the capacity one request's CPU cost predicts):
+2. The same service at the operating rate (70% of what it sustains one request at a time):
    p99 and mean E2E, the span breakdown of the tail, how well the server's spans explain the
    client's E2E, and the share of profiler samples at the stage's lock.
 3. The fix ladder, cheapest rung first, each at the same rate: p99, mean, throughput.
@@ -45,7 +45,7 @@ def body(size: str) -> dict[str, Any]:
     base, unsafe, slo, rate = w["base"], w["unsafe"], w["slo"], w["rate"]
     print(f"unloaded ({len(base.run.e2e())} requests, one at a time): p50 {1e3 * base.p50:.0f} ms, p99 "
           f"{1e3 * base.p99:.0f} ms; CPU {1e3 * base.cpu_per_request_s:.0f} ms per request -> capacity "
-          f"{base.capacity_rps:.1f} req/s on {base.run.cores} cores")
+          f"{base.capacity_rps:.1f} req/s on {base.run.cores} cores; one at a time {base.serial_rps:.1f} req/s")
     print(f"SLO: p99 E2E <= {1e3 * slo:.0f} ms; operating rate {rate:.2f} req/s")
     spans = case.span_breakdown(unsafe.result.measured)
     agree = case.span_agreement(unsafe.result.measured)
