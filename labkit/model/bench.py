@@ -22,6 +22,7 @@ transformers is imported only here (and in tests), never by labkit's runtime.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from typing import Callable
@@ -307,11 +308,17 @@ def body(args, dev: torch.device) -> dict:
     dtype = DTYPES[args.dtype]
     info = describe(dev)
     print(f"{info.name}, {info.torch_threads} torch threads, torch {info.torch_version}, {args.dtype}")
+    # Other processes' load decides how far these figures can be trusted: with more runnable
+    # threads than cores, a 2-thread matmul can wait a whole scheduler slice for its partner.
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"load average {load:.1f} on {os.cpu_count()} CPUs" + (
+        " (busy: absolute rates are low; the interleaved ratios are the figures to read)"
+        if load > (os.cpu_count() or 1) else ""), flush=True)
     bw_bytes = (256 if args.quick else 512) * 2**20 * (8 if dev.type == "cuda" else 1)  # >> a GPU's L2
     bw = read_copy_bandwidth(dev, bw_bytes)
     print(f"measured bandwidth: read {bw['read'] / 1e9:.1f} GB/s, copy {bw['copy'] / 1e9:.1f} GB/s "
           f"(roofline below uses read)", flush=True)
-    results: dict = {"device": info.name, "threads": info.torch_threads, "bandwidth": bw,
+    results: dict = {"device": info.name, "threads": info.torch_threads, "bandwidth": bw, "load_average": load,
                      "new_tokens": new_tokens, "prompt_len": args.prompt_len, "rows": []}
     for name in args.presets.split(","):
         if name == "tiny" and (TINY_DIR / "model.safetensors").is_file():
