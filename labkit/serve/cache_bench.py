@@ -28,7 +28,7 @@ import numpy as np
 
 from labkit import benchkit, timing
 from labkit.paths import DATA
-from labkit.plots import axes
+from labkit.plots import axes, place_labels
 from labkit.serve import guard
 from labkit.serve.cache import make_cache, normalize_prompt
 from labkit.serve.embed import Encoder, load_encoder
@@ -220,23 +220,24 @@ def plot_sweep(ev: dict, ax=None):
     """Hit precision vs hit rate as the threshold moves, cosine alone and with the guard;
     the common default 0.8 and each safe threshold marked."""
     ax = axes(ax, (6.5, 4))
+    lx, ly, lt = [], [], []  # threshold labels, placed once the limits are set
     for name, style in (("cosine", "C0"), ("guarded", "C1")):
         rows = [r for r in ev[name]["rows"] if r["hits"]]
         ax.plot([r["hit_rate"] for r in rows], [r["precision"] for r in rows], color=style,
                 label="cosine only" if name == "cosine" else "cosine + lexical guard")
         d = ev[name]["at_default"]
         ax.plot(d["hit_rate"], d["precision"], "o", color=style, mfc="none", ms=9)
-        ax.annotate(f"{COMMON_DEFAULT}", (d["hit_rate"], d["precision"]), textcoords="offset points", xytext=(6, -12))
+        lx.append(d["hit_rate"]), ly.append(d["precision"]), lt.append(f"{COMMON_DEFAULT}")
         if ev[name]["safe"]:
             s = ev[name]["safe"]
             ax.plot(s["hit_rate"], s["precision"], "*", color=style, ms=12)
-            ax.annotate(f"{s['threshold']:.3f}", (s["hit_rate"], s["precision"]), textcoords="offset points",
-                        xytext=(6, 4))
+            lx.append(s["hit_rate"]), ly.append(s["precision"]), lt.append(f"{s['threshold']:.3f}")
     ax.axhline(0.99, color="grey", ls=":", lw=1)
     ax.set_xlabel("hit rate (share of same-meaning pairs that hit)")
     ax.set_ylabel("hit precision (share of hits that are right)")
     ax.set_xlim(0, 1.02)
     ax.set_ylim(0, 1.02)
+    place_labels(ax, lx, ly, lt, fontsize=9)
     ax.legend(loc="lower left")
     return ax
 

@@ -6,7 +6,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from labkit.plots import axes, caption, tidy_log_axes
+from labkit.plots import axes, caption, place_labels, tidy_log_axes
 from labkit.sim import metrics
 from labkit.sim.result import Result
 
@@ -80,9 +80,6 @@ def sweep_curve(rows: Sequence[dict[str, Any]], knee: dict | None = None, ax=Non
     x = [r["throughput_rps"] for r in rows]
     y = [r["e2e"]["p99"] for r in rows]
     ax.plot(x, y, "o-", label="load sweep", zorder=2)
-    for r in rows:
-        ax.annotate(f"{r['rate']:.3g}", (r["throughput_rps"], r["e2e"]["p99"]), textcoords="offset points",
-                    xytext=(4, -10), fontsize=7)
     base = min(rows, key=lambda r: r["rate"])["e2e"]["p99"]
     ax.axhline(factor * base, color="0.5", ls=":", lw=1, label=f"{factor:g}x the lightest rate's p99")
     text = []
@@ -101,6 +98,7 @@ def sweep_curve(rows: Sequence[dict[str, Any]], knee: dict | None = None, ax=Non
     ax.set_ylabel("p99 E2E latency (s, log scale)")
     ax.legend(fontsize="small")
     tidy_log_axes(ax)
+    place_labels(ax, x, y, [f"{r['rate']:.3g}" for r in rows], fontsize=7)  # bunched points at the top stay legible
     if text:
         caption(ax, " ".join(text))
     return ax
