@@ -11,7 +11,7 @@ from labkit.data import corpus_ids  # noqa: F401 - notebooks 04 and 05 call it a
 from labkit.model import Transformer, perplexity
 from labkit.quant.calib import CALIB_METHODS, calibrate, collect_act_stats, plant_outliers, smooth
 from labkit.quant.linear import kernel_paths, model_bytes, quantize_model
-from labkit.plots import axes
+from labkit.plots import axes, place_labels, tidy_log_axes
 from labkit.report import format_rows  # noqa: F401 - notebooks 04 and 05 call it as qx.format_rows
 from labkit.timing import decode_tok_s
 
@@ -157,7 +157,6 @@ def plot_bytes_vs_ppl(rows: list[dict], ax=None):
     pts = sorted((r["read_MB_per_step"], r["ppl"], r["scheme"]) for r in rows if r["ppl"] == r["ppl"])
     for x, y, name in pts:
         ax.scatter(x, y)
-        ax.annotate(name, (x, y), fontsize=8, xytext=(4, 4), textcoords="offset points")
     front, best = [], float("inf")
     for x, y, _ in pts:
         if y < best:
@@ -167,6 +166,8 @@ def plot_bytes_vs_ppl(rows: list[dict], ax=None):
     ax.set_xscale("log")
     ax.set_xlabel("weight bytes read per decode step (MB, log scale)")
     ax.set_ylabel("validation perplexity")
+    tidy_log_axes(ax)
+    place_labels(ax, [p[0] for p in pts], [p[1] for p in pts], [p[2] for p in pts])
     ax.legend()
     return ax
 
