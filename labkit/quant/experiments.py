@@ -7,12 +7,10 @@ from typing import Iterable
 
 import torch
 
-from labkit.data import corpus_ids  # noqa: F401 - notebooks 04 and 05 call it as qx.corpus_ids
 from labkit.model import Transformer, perplexity
 from labkit.quant.calib import CALIB_METHODS, calibrate, collect_act_stats, plant_outliers, smooth
 from labkit.quant.linear import kernel_paths, model_bytes, quantize_model
 from labkit.plots import axes, place_labels, tidy_log_axes
-from labkit.report import format_rows  # noqa: F401 - notebooks 04 and 05 call it as qx.format_rows
 from labkit.timing import decode_tok_s
 
 
