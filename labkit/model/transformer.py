@@ -420,7 +420,11 @@ class Transformer(nn.Module):
         seconds = {w: sum(t * n for t, n in zip(ts, counts)) for w, ts in best.items()}
         forms = {lay: {b: min(("xw", "wx"), key=lambda f: seconds[lay, b, f]) for b in batches}
                  for lay in WEIGHT_LAYOUTS}
-        layout = min(WEIGHT_LAYOUTS, key=lambda lay: sum(seconds[lay, b, forms[lay][b]] for b in batches))
+        # one layout serves every batch size: the one whose worst slowdown against the best
+        # way for some batch is smallest (plain seconds would let batch 8 outvote batch 1)
+        fastest = {b: min(t for (_, bb, _), t in seconds.items() if bb == b) for b in batches}
+        layout = min(WEIGHT_LAYOUTS, key=lambda lay: max(seconds[lay, b, forms[lay][b]] / fastest[b]
+                                                          for b in batches))
         self.set_weight_layout(layout)
         wx = frozenset(b for b, f in forms[layout].items() if f == "wx")
         for mod in self.modules():
