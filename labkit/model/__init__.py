@@ -8,7 +8,8 @@ Public API::
     from labkit.model import perplexity, unigram_perplexity
     from labkit.model import kv_memory   # KV bytes per token, totals, sequences that fit
 
-Inference constructors return the "kn" weight layout (`Transformer.set_weight_layout`).
+Inference constructors return the "kn" weight layout (`Transformer.set_weight_layout`);
+`Transformer.tune_matmul(batches)` re-chooses layout and matmul form by timing them here.
 See the submodules' docstrings for the details (config, transformer, generate,
 checkpoint, evaluate, bench).
 """

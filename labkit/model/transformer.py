@@ -6,12 +6,16 @@ without any weight permutation):
     tokens -> embedding -> n_layers x [x + Attn(RMSNorm(x)); x + SwiGLU(RMSNorm(x))]
            -> RMSNorm -> output projection (tied to the embedding or not) -> logits
 
-Two choices that cut the op count per decode step (a 4-layer model is
-overhead-bound, so every small op counts):
+Choices that cut the op count per decode step (a 4-layer model is overhead-bound:
+each eager op costs a few µs of dispatch, so every small op counts):
 
 * q, k, v come from one fused matmul (``wqkv``) and gate/up from one (``w13``);
 * RoPE is applied to q and k in one call (they are adjacent in ``wqkv``'s output),
-  with the rotate-half convention HF Llama uses.
+  with the rotate-half convention HF Llama uses; cos/sin are looked up in a table;
+* the attention mask is built once per pass as an additive tensor (none at all for
+  one unpadded sequence), hidden states stay 2-D (B·T, dim) so linears are one mm;
+* how each linear multiplies (weight layout, ``x @ W.T`` or ``(W @ x.T).T``) is
+  chosen per batch size by `Transformer.tune_matmul`, by timing them on this machine.
 
 Inference goes through a static `KVCache`; `prefill()` runs a prompt (or a chunk
 of one) and `decode_step()` one token per sequence. `forward()` is the cache-free
