@@ -61,6 +61,20 @@ def place_labels(ax, xs, ys, texts, fontsize: float = 8, **kw: Any) -> list:
     centres = [ax.transData.transform((x, y)) for x, y in zip(xs, ys)]
     r = 5 * ppt
     taken = [(cx - r, cy - r, cx + r, cy + r) for cx, cy in centres]
+    # Lines already drawn (roofs, curves) count too, less: small boxes every few pixels along them.
+    import numpy as np
+
+    on_lines = []
+
+    for line in ax.get_lines():
+        xy = line.get_transform().transform(np.column_stack(line.get_data()).astype(float))
+        for (x0, y0), (x1, y1) in zip(xy[:-1], xy[1:]):
+            if not np.isfinite([x0, y0, x1, y1]).all():
+                continue
+            n = int(max(abs(x1 - x0), abs(y1 - y0)) // (3 * ppt)) + 1
+            for t in np.linspace(0, 1, n + 1):
+                lx, ly = x0 + t * (x1 - x0), y0 + t * (y1 - y0)
+                on_lines.append((lx - ppt, ly - ppt, lx + ppt, ly + ppt))
     frame = ax.bbox
     # (dx, dy) in points from the point to the label's corner nearest it; right/left, below/above.
     offsets = [(5, -3), (5, 3), (-5, 3), (-5, -3), (5, -15), (5, 15), (-5, -15), (-5, 15),
@@ -71,19 +85,22 @@ def place_labels(ax, xs, ys, texts, fontsize: float = 8, **kw: Any) -> list:
         w = 0.62 * fontsize * ppt * max(len(line) for line in str(text).splitlines() or [""])
         h = 1.3 * fontsize * ppt * max(1, len(str(text).splitlines()))
         best, best_cost = None, None
-        for dx, dy in offsets:
+        for rank, (dx, dy) in enumerate(offsets):
             x0 = cx + dx * ppt if dx > 0 else cx + dx * ppt - w
             y0 = cy + dy * ppt if dy > 0 else cy + dy * ppt - h
             box = (x0, y0, x0 + w, y0 + h)
-            cost = sum(max(0, min(box[2], b[2]) - max(box[0], b[0])) * max(0, min(box[3], b[3]) - max(box[1], b[1]))
-                       for b in taken)
+            def overlap(boxes):
+                return sum(max(0, min(box[2], b[2]) - max(box[0], b[0])) * max(0, min(box[3], b[3]) - max(box[1], b[1]))
+                           for b in boxes)
+
+            cost = 10 * overlap(taken) + overlap(on_lines)  # covering a point or a label is worst
             outside = (max(0, frame.x0 - box[0]) + max(0, box[2] - frame.x1)) * h + \
                       (max(0, frame.y0 - box[1]) + max(0, box[3] - frame.y1)) * w
-            cost += 2 * outside
+            # Outside the axes is worst; a far offset costs a little, so a label may cross a
+            # line rather than drift far from its point.
+            cost += 20 * outside + 15 * ppt * ppt * rank
             if best_cost is None or cost < best_cost:
                 best, best_cost = (dx, dy, box), cost
-            if cost == 0:
-                break
         dx, dy, box = best
         taken.append(box)
         far = abs(dy) > 20  # a label pushed away from its point gets a thin line back to it
