@@ -157,3 +157,17 @@ def test_paged_vs_max_len_reservation_on_the_engine(tiny):
         assert abs(r["waste"] - kb.predict(wl, r["capacity_tokens"], r["block_size"], r["kv_reserve"])["waste"]) < 0.05
     assert int8["capacity_tokens"] == budget // (4 * kv_bytes_per_token(tiny.config, "int8")) * 4
     assert int8["peak_running"] > 1.5 * paged["peak_running"]
+
+
+def test_a_run_time_kv_setting_maps_to_what_it_stores():
+    """Run time names the choice ("model" | "int8"); sizing names what is stored per value."""
+    from labkit.model.kv_memory import stored_as
+
+    cfg = get_config("tiny")
+    assert stored_as(torch.bfloat16, "model") == torch.bfloat16
+    assert stored_as(torch.float32, "int8") == "int8"
+    for kind in ("model", "int8"):
+        cache = KVCache(cfg, 2, 20, dtype=torch.float32, kv_dtype=kind)
+        assert cache.nbytes == kv_cache_bytes(cfg, 2, 21, stored_as(torch.float32, kind))
+    with pytest.raises(ValueError, match="kv_dtype 'fp8' not allowed"):
+        stored_as(torch.float32, "fp8")

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from labkit import benchkit
 from labkit.model.checkpoint import TINY_DIR, load_tiny
 from labkit.model.generate import generate
+from labkit.model.kv_memory import kv_bytes_per_token
 from labkit.model.transformer import Transformer
 from labkit.bench import read_copy_bandwidth
 from labkit.timing import measure
@@ -136,7 +137,7 @@ def decode_rates(runs: dict[str, Callable[[int], object]], batch: int, new_token
 def bytes_per_step(model: Transformer, batch: int, prompt_len: int, new_tokens: int) -> float:
     """Mean bytes one decode step must read: weights + every sequence's KV so far."""
     mean_ctx = prompt_len + new_tokens / 2
-    kv = batch * mean_ctx * model.config.kv_bytes_per_token(model.dtype.itemsize)
+    kv = batch * mean_ctx * kv_bytes_per_token(model.config, model.dtype)
     return model.weight_bytes_per_step(batch) + kv
 
 

@@ -77,13 +77,6 @@ class ModelConfig:
         emb = self.vocab_size * d * (1 if self.tie_embeddings else 2)
         return self.n_layers * per_layer + emb + d
 
-    def kv_bytes_per_token(self, bytes_per_elem: int = 4) -> int:
-        """KV-cache bytes one token occupies over all layers (keys + values); see
-        `labkit.model.kv_memory` for dtypes, int8 scales, totals and capacity."""
-        from labkit.model.kv_memory import kv_bytes_per_token
-
-        return kv_bytes_per_token(self, bytes_per_elem)
-
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

@@ -100,44 +100,54 @@ def _divide(hidden: int | None, heads: int) -> int:
     return hidden // heads
 
 
-def kv_dtype_name(kv_dtype: str | torch.dtype) -> str:
-    """Normalise a KV dtype ("fp16", "float16", torch.float16, ...) to one of KV_DTYPE_BYTES' keys."""
-    name = str(kv_dtype).removeprefix("torch.").lower() if isinstance(kv_dtype, (str, torch.dtype)) else None
+def kv_dtype_name(storage: str | torch.dtype) -> str:
+    """Normalise a KV storage type ("fp16", "float16", torch.float16, ...) to one of KV_DTYPE_BYTES' keys."""
+    name = str(storage).removeprefix("torch.").lower() if isinstance(storage, (str, torch.dtype)) else None
     name = _ALIASES.get(name, name)
     if name not in KV_DTYPE_BYTES:
-        raise ValueError(f"KV dtype {kv_dtype!r} not allowed; choose one of {tuple(KV_DTYPE_BYTES)} "
+        raise ValueError(f"KV dtype {storage!r} not allowed; choose one of {tuple(KV_DTYPE_BYTES)} "
                          "(or a torch float dtype, or an integer byte count per value)")
     return name
 
 
-def kv_bytes_per_token(config: Any, kv_dtype: str | torch.dtype | int = "fp16") -> int:
+def stored_as(model_dtype: torch.dtype, kv_dtype: str) -> str | torch.dtype:
+    """What a run-time KV setting stores per value: `kv_dtype` "model" keeps the model's own
+    dtype, "int8" stores int8 codes (with scales). The result is a `storage` for the functions
+    below. (Run time names the choice, "model" | "int8"; sizing names what is stored.)"""
+    from labkit.model.kv_quant import check_kv_dtype
+
+    return model_dtype if check_kv_dtype(kv_dtype) == "model" else kv_dtype
+
+
+def kv_bytes_per_token(config: Any, storage: str | torch.dtype | int = "fp16") -> int:
     """KV-cache bytes one token occupies over all layers: keys + values (+ int8 scales).
 
-    `kv_dtype`: "fp32" | "fp16" | "bf16" | "fp8" | "int8", a torch dtype, or an int = bytes
-    per value with no scales.
+    `storage`, what each value is stored as: "fp32" | "fp16" | "bf16" | "fp8" | "int8", a
+    torch dtype, or an int = bytes per value with no scales (see `stored_as` for a run-time
+    KV setting).
     """
     s = kv_shape(config)
-    if isinstance(kv_dtype, int) and not isinstance(kv_dtype, bool):
-        if kv_dtype < 1:
-            raise ValueError(f"bytes per value must be >= 1, got {kv_dtype}")
-        per_vector = s.head_dim * kv_dtype
+    if isinstance(storage, int) and not isinstance(storage, bool):
+        if storage < 1:
+            raise ValueError(f"bytes per value must be >= 1, got {storage}")
+        per_vector = s.head_dim * storage
     else:
-        name = kv_dtype_name(kv_dtype)
+        name = kv_dtype_name(storage)
         per_vector = s.head_dim * KV_DTYPE_BYTES[name] + SCALE_BYTES.get(name, 0)
     return 2 * s.layers * s.kv_heads * per_vector
 
 
-def kv_cache_bytes(config: Any, batch: int, context: int, kv_dtype: str | torch.dtype | int = "fp16",
+def kv_cache_bytes(config: Any, batch: int, context: int, storage: str | torch.dtype | int = "fp16",
                    block_size: int = 1) -> int:
     """Bytes of KV cache for `batch` sequences of `context` tokens each, each sequence's
     slots rounded up to whole blocks of `block_size` tokens (1: exact)."""
     _check_positive(batch=batch, context=context, block_size=block_size)
     slots = -(-context // block_size) * block_size
-    return batch * slots * kv_bytes_per_token(config, kv_dtype)
+    return batch * slots * kv_bytes_per_token(config, storage)
 
 
 def max_concurrent_sequences(config: Any, memory_bytes: float, context: int,
-                             kv_dtype: str | torch.dtype | int = "fp16", *, weight_bytes: float = 0,
+                             storage: str | torch.dtype | int = "fp16", *, weight_bytes: float = 0,
                              utilization: float = 1.0, block_size: int = 1) -> int:
     """How many sequences of `context` tokens fit in the KV memory left beside the weights:
     ``(utilization · memory_bytes − weight_bytes) // bytes per sequence``.
@@ -150,7 +160,7 @@ def max_concurrent_sequences(config: Any, memory_bytes: float, context: int,
     if memory_bytes <= 0 or weight_bytes < 0:
         raise ValueError(f"memory_bytes must be > 0 and weight_bytes >= 0, got {memory_bytes}, {weight_bytes}")
     free = utilization * memory_bytes - weight_bytes
-    return max(0, int(free // kv_cache_bytes(config, 1, context, kv_dtype, block_size)))
+    return max(0, int(free // kv_cache_bytes(config, 1, context, storage, block_size)))
 
 
 def _check_positive(**values: int) -> None:

@@ -176,13 +176,13 @@ def kv_table(model: Transformer, valid: torch.Tensor, windows: int, memory_gb: f
     bytes per token (allocated bytes / slots), sequences of `context` tokens (default the
     model's max) fitting in `memory_gb` GB, perplexity through the cache, and batch-1 decode
     tokens/s at `decode_context` cached tokens. An fp16 row (bytes only) is added for scale."""
-    from labkit.model.kv_memory import kv_bytes_per_token, kv_dtype_name, max_concurrent_sequences
+    from labkit.model.kv_memory import kv_bytes_per_token, kv_dtype_name, max_concurrent_sequences, stored_as
 
     cfg, context = model.config, context or model.config.max_seq_len
     fits = lambda kv_dtype: max_concurrent_sequences(cfg, memory_gb * 1e9, context, kv_dtype)  # noqa: E731
     rows, base = [], None
     for kv_dtype in ("model", "int8"):
-        stored = model.dtype if kv_dtype == "model" else kv_dtype  # what the cache holds per value
+        stored = stored_as(model.dtype, kv_dtype)  # what the cache holds per value
         cache = model.new_cache(1, context, kv_dtype=kv_dtype)
         per_token = cache.nbytes // (context + 1)  # the cache holds one spare slot per row
         assert per_token == kv_bytes_per_token(cfg, stored), "allocated bytes disagree with the formula"

@@ -28,7 +28,7 @@ import torch
 from labkit import benchkit, presets
 from labkit.data import corpus_ids
 from labkit.model import Transformer
-from labkit.model.kv_memory import kv_bytes_per_token, kv_cache_bytes
+from labkit.model.kv_memory import kv_bytes_per_token, kv_cache_bytes, kv_dtype_name, stored_as
 from labkit.serve.engine import Engine, EngineConfig
 from labkit.plots import axes
 from labkit.report import format_rows
@@ -65,7 +65,7 @@ def mixed_workload(n: int, prompt_median: int, output_median: int, max_len: int,
 
 def blocks_for_budget(model: Transformer, budget_bytes: int, block_size: int, kv_dtype: str = "model") -> int:
     """KV blocks of `block_size` tokens that fit in `budget_bytes` for `model` and `kv_dtype`."""
-    per_token = kv_bytes_per_token(model.config, model.dtype if kv_dtype == "model" else kv_dtype)
+    per_token = kv_bytes_per_token(model.config, stored_as(model.dtype, kv_dtype))
     return int(budget_bytes // (block_size * per_token))
 
 
@@ -93,10 +93,10 @@ def run(model: Transformer, wl: Workload, budget_bytes: int, *, block_size: int 
     wall = time.perf_counter() - t0
     generated = sum(len(r.tokens) for r in reqs)
     assert generated == int(wl.output.sum()), "every request must get exactly its output length"
-    dtype_name = str(model.dtype).removeprefix("torch.") if kv_dtype == "model" else kv_dtype
+    dtype_name = kv_dtype_name(stored_as(model.dtype, kv_dtype))
     return dict(kv_reserve=kv_reserve, block_size=block_size, kv_dtype=dtype_name, budget_bytes=budget_bytes,
                 blocks=blocks, capacity_tokens=blocks * block_size,
-                bytes_per_token=kv_bytes_per_token(model.config, model.dtype if kv_dtype == "model" else kv_dtype),
+                bytes_per_token=kv_bytes_per_token(model.config, stored_as(model.dtype, kv_dtype)),
                 pool_bytes=eng.pool.nbytes, steps=steps, wall_s=wall, tokens_per_s=generated / wall,
                 waste=1 - used / reserved, peak_running=eng.peak_running, mean_running=running / steps,
                 preemptions=sum(r.preemptions for r in reqs))
