@@ -31,6 +31,9 @@ step model_bench 300 "$PY" -m labkit.model.bench --device cuda --dtype bf16 --pr
   --compile --compile-presets 1b --json "$OUT/model_bench.json"
 step sim_bench   60 "$PY" -m labkit.sim.bench
 step sparse24    60 "$PY" -m labkit.prune.bench --gemm24-only
+# The case study runs its server on the CPU: a many-core box shows what the lock costs when the fixed
+# service has cores to spare (on 2 cores the fixed service queues too).
+step case_bench 480 "$PY" -m labkit.loadgen.case_bench --json "$OUT/case_bench.json"
 if "$PY" -c "import papermill" 2>/dev/null; then
   step notebooks 600 "$PY" -m labkit notebooks --size full --out "$OUT/notebooks"
 else
