@@ -67,3 +67,10 @@ def test_bad_arguments_name_the_value(kw, match):
     args = {"target_s": 1.0, "lo": 1.0, "hi": 2.0, **kw}
     with pytest.raises(ValueError, match=match):
         rate_at_target(lambda r: np.ones(3), **args)
+
+
+def test_requests_that_never_completed_make_an_infinite_p99_not_nan():
+    e = np.r_[np.ones(95), np.full(5, np.inf)]
+    p, meets, conf = p99_confidence(e, 10.0)
+    assert p == np.inf and not meets and conf > 0.9
+    assert p99_confidence(np.r_[np.ones(995), np.full(5, np.inf)], 10.0)[1]  # 0.5% lost: p99 still finite

@@ -34,17 +34,27 @@ class Probe:
     n: int
 
 
+_NEVER = np.finfo(float).max  # stands in for a request that never completed (inf) inside percentiles
+
+
+def percentile(e2e_s: np.ndarray, q: float = 99.0, axis: int | None = None) -> Any:
+    """`np.percentile` (linear) of E2E times (s) where inf marks a request that never completed:
+    a percentile that lands among those is inf (numpy's interpolation would give NaN there)."""
+    p = np.percentile(np.where(np.isfinite(e2e_s), e2e_s, _NEVER), q, axis=axis)
+    return np.where(p >= _NEVER / 2, np.inf, p) if axis is not None else (math.inf if p >= _NEVER / 2 else float(p))
+
+
 def p99_confidence(e2e_s: np.ndarray, target_s: float, q: float = 99.0, n_boot: int = 2000,
                    seed: int = 0) -> tuple[float, bool, float]:
-    """(p99, meets, confidence): the `q` percentile of `e2e_s` (s), whether it is <= `target_s`,
-    and the share of `n_boot` bootstrap resamples that agree with that verdict."""
+    """(p99, meets, confidence): the `q` percentile of `e2e_s` (s; inf = never completed),
+    whether it is <= `target_s`, and the share of `n_boot` bootstrap resamples that agree."""
     e = np.asarray(e2e_s, float)
     if e.size == 0:
         return math.nan, False, 1.0  # nothing completed: the rate is not sustained
-    p = float(np.percentile(e, q))
+    p = percentile(e, q)
     meets = p <= target_s
     rng = np.random.default_rng(seed)
-    boots = np.percentile(e[rng.integers(0, e.size, (n_boot, e.size))], q, axis=1)
+    boots = percentile(e[rng.integers(0, e.size, (n_boot, e.size))], q, axis=1)
     return p, meets, float(np.mean((boots <= target_s) == meets))
 
 

@@ -192,7 +192,7 @@ def rate_at_target(policy: str, target_s: float, lo: float, hi: float, n: Callab
             s = res.summary()
             if progress:
                 progress(f"{policy}: {rate:.2f} req/s -> {s['throughput_rps']:.2f} req/s, p99 E2E "
-                         f"{np.percentile(e2e, 99):.2f} s ({s['completed']}/{s['requests']} completed)")
+                         f"{bisect.percentile(e2e, 99):.2f} s ({s['completed']}/{s['requests']} completed)")
             return e2e, s["throughput_rps"]
 
         return bisect.rate_at_target(probe, target_s, lo, hi, rel_tol=rel_tol, max_probes=max_probes, seed=seed)
