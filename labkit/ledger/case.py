@@ -133,7 +133,9 @@ def judge_c21(prediction: Prediction, tail_spans: dict[str, float], cpu_util: fl
 
 # ------------------------------------------------------------------------------- runs
 def _walk(size: str) -> dict[str, Any]:
-    """The whole case on the real server: baseline, unsafe at rate (profiled), the ladder."""
+    """The whole case on the real server: baseline, unsafe at rate (profiled), the ladder, and
+    the fixed stage at the same rate (the ladder's code-fix run, or one of its own when an
+    earlier rung met the SLO)."""
     from labkit import presets
     from labkit.loadgen import case
 
@@ -146,28 +148,27 @@ def _walk(size: str) -> dict[str, Any]:
         unsafe = case.at_rate(srv, rate, sc, profile_s=P["profile_s"])
     ladder = case.climb(rate, sc, slo, {"preprocess": "global_lock"}, progress=None)
     fixed = next((r["run"] for r in ladder if r.get("cost") == "code fix" and "run" in r), None)
+    if fixed is None:
+        with case.serve("per_thread") as srv:
+            fixed = case.at_rate(srv, rate, sc)
     return {"scenario": sc, "base": base, "slo": slo, "rate": rate, "unsafe": unsafe, "ladder": ladder, "fixed": fixed}
 
 
 _CACHE: dict[str, dict[str, Any]] = {}
 
 
-def _walked(size: str) -> dict[str, Any]:
-    """One walk serves both claims in a `labkit ledger` run."""
+def walked(size: str) -> dict[str, Any]:
+    """The case walked once per size (`_walk`): it serves both claims in a `labkit ledger` run
+    and `labkit.loadgen.case_bench`."""
     if size not in _CACHE:
         _CACHE[size] = _walk(size)
     return _CACHE[size]
 
 
 def run_c22(size: str = "smoke", device: Any = None) -> Verdict:
-    w = _walked(size)
+    w = walked(size)
     pred = predict_c22(w["base"].p99, w["rate"], w["base"].serial_rps, w["base"].capacity_rps, w["slo"])
     fixed = w["fixed"]
-    if fixed is None:
-        from labkit.loadgen import case
-
-        with case.serve("per_thread") as srv:
-            fixed = case.at_rate(srv, w["rate"], w["scenario"])
     return judge_c22(pred, w["base"].p99, w["unsafe"].p99(), fixed.p99(), w["unsafe"].mean(), fixed.mean(), w["slo"],
                      fixed.machine_util)
 
@@ -175,7 +176,7 @@ def run_c22(size: str = "smoke", device: Any = None) -> Verdict:
 def run_c21(size: str = "smoke", device: Any = None) -> Verdict:
     from labkit.loadgen import case
 
-    w = _walked(size)
+    w = walked(size)
     pred = predict_c21(w["slo"])
     spans = case.span_breakdown(w["unsafe"].result.measured)
     return judge_c21(pred, spans.get("tail", {}), w["unsafe"].cpu_util, model_bw_util(w["unsafe"]),

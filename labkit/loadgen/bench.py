@@ -20,6 +20,7 @@ import psutil
 
 from labkit import benchkit
 from labkit.loadgen import experiments as ex
+from labkit.loadgen.bisect import ratio_bracket
 from labkit.loadgen import fidelity
 from labkit.sim import calibrate
 
@@ -116,8 +117,6 @@ def body(quick: bool, seed: int) -> dict:
         lo, hi = f["bracket"]
         print(f"{p:<11}{f['rate']:.2f} req/s offered ({f['throughput']:.2f} served); meets at {lo:.2f}, misses at "
               f"{hi:.2f}; bootstrap confidence {100 * f['confidence']:.0f}%; {len(f['probes'])} runs")
-    from labkit.loadgen.bisect import ratio_bracket
-
     ratio, low, high = ratio_bracket(found["continuous"], found["static"])
     print(f"continuous / static at equal p99: {ratio:.1f}x (the brackets allow {low:.1f}-{high:.1f}x; target >= 3x)")
     out.update(target_s=target, throughput_ratio_at_target=ratio, ratio_range=(low, high),

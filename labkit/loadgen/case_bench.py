@@ -41,7 +41,7 @@ def body(size: str) -> dict[str, Any]:
     from labkit.ledger import case as verdicts
 
     P = presets.sizes("case", size)
-    w = verdicts._walked(size)
+    w = verdicts.walked(size)
     base, unsafe, slo, rate = w["base"], w["unsafe"], w["slo"], w["rate"]
     print(f"unloaded ({len(base.run.e2e())} requests, one at a time): p50 {1e3 * base.p50:.0f} ms, p99 "
           f"{1e3 * base.p99:.0f} ms; CPU {1e3 * base.cpu_per_request_s:.0f} ms per request -> capacity "
@@ -59,9 +59,6 @@ def body(size: str) -> dict[str, Any]:
     for row in w["ladder"]:
         print(case.format_rung(row, slo))
     fixed = w["fixed"]
-    if fixed is None:
-        with case.serve("per_thread") as srv:
-            fixed = w["fixed"] = case.at_rate(srv, rate, w["scenario"])
     p99_ratio, mean_ratio = unsafe.p99() / fixed.p99(), unsafe.mean() / fixed.mean()
     print(f"fixed at the same rate: p99 {1e3 * fixed.p99():.0f} ms, mean {1e3 * fixed.mean():.0f} ms, machine "
           f"{100 * fixed.machine_util:.0f}% -> unsafe/fixed p99 {p99_ratio:.2f}x, mean {mean_ratio:.2f}x")
