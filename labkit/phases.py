@@ -9,15 +9,18 @@ FLOP/s and bytes/s; intensity in FLOP/byte.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import time
 from types import SimpleNamespace
-from typing import Any, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 
 from labkit import device as _device
 from labkit import roofline
 from labkit.bench import Report, fingerprint, itemsize, last_level_cache_bytes, run_kernel
+from labkit.bench.zoo import DTYPES as TORCH_DTYPES
 from labkit.model.kv_memory import kv_bytes_per_token
 from labkit.timing import percentile, time_decode_steps
 
@@ -38,6 +41,38 @@ def measure_roofline(device: torch.device | str = "cpu", dtype: str = "fp32", ge
         rows.append(run_kernel(op, dtype=dtype, device=dev, group="stream", warmup=2, repeat=5,
                                n=ws // (arrays * itemsize(dtype))))
     return roofline.Roofline.from_report(Report(fingerprint(dev), rows), dram_multiple=llc_multiple / 2)
+
+
+def measure_rooflines(device: torch.device | str, dtypes: Iterable[str], **kw: Any) -> roofline.Roofline:
+    """One `Roofline` with a measured peak (FLOP/s) for each distinct dtype in `dtypes` (one
+    `measure_roofline` each, `kw` passed on), so prefill and decode can each be predicted
+    in their own dtype. Bandwidth (bytes/s) is the best of those runs: STREAM moves bytes,
+    whose rate does not depend on the dtype, so the runs are repeats of one ceiling."""
+    roofs = {dt: measure_roofline(device, dt, **kw) for dt in dict.fromkeys(dtypes)}
+    if not roofs:
+        raise ValueError("dtypes is empty; give at least one, e.g. ['fp32']")
+    first = next(iter(roofs.values()))
+    return dataclasses.replace(first, peaks={dt: r.peak(dt) for dt, r in roofs.items()},
+                               bandwidth=max(r.bandwidth for r in roofs.values()))
+
+
+def phase_models(model: Any, dtypes: Mapping[str, str]) -> dict[str, Any]:
+    """Phase -> `model` cast to that phase's dtype (`dtypes`: phase -> "fp32" | "bf16" | ...).
+    A phase already in the model's dtype gets `model` itself; each other dtype gets one
+    deep copy cast with ``.to`` (the same weights, rounded), shared by the phases that want
+    it, so memory doubles only when prefill and decode really differ."""
+    copies: dict[str, Any] = {}
+    out = {}
+    for phase, dt in dtypes.items():
+        if dt not in TORCH_DTYPES:
+            raise ValueError(f"dtype {dt!r} of phase {phase!r} unknown; choose one of {', '.join(TORCH_DTYPES)}")
+        if TORCH_DTYPES[dt] == model.dtype:
+            out[phase] = model
+        else:
+            if dt not in copies:
+                copies[dt] = copy.deepcopy(model).to(TORCH_DTYPES[dt])
+            out[phase] = copies[dt]
+    return out
 
 
 # ----------------------------------------------------------------------- analytic
@@ -130,16 +165,20 @@ def cache_vs_nocache(model: Any, prompt_len: int, new_tokens: int, seed: int = 0
 
 
 # ----------------------------------------------------------------------- plots
-def roofline_points(prefill: list[dict], decode: list[dict], dtype: str = "fp32") -> tuple[list, list[str]]:
+def roofline_points(prefill: list[dict], decode: list[dict], dtype: str = "fp32",
+                    decode_dtype: str | None = None) -> tuple[list, list[str]]:
     """Measured steps as points for `labkit.roofline.plot` (analytic FLOPs and bytes), with labels.
-    Decode appears at its shortest context only: the context barely moves a point, and labels
-    of points on top of each other are unreadable."""
+    Prefill points carry `dtype`, decode points `decode_dtype` (default `dtype`), so each is
+    measured against the roof of the dtype it ran in. Decode appears at its shortest context
+    only: the context barely moves a point, and labels of points on top of each other are
+    unreadable."""
+    decode_dtype = decode_dtype or dtype
     ctx = min(r["context"] for r in decode)
     decode = [r for r in decode if r["context"] == ctx]
     pts = [SimpleNamespace(name="prefill", dtype=dtype, flops=r["flops"], bytes=r["bytes"], time_s=r["seconds"])
            for r in prefill]
-    pts += [SimpleNamespace(name="decode", dtype=dtype, flops=r["flops"], bytes=r["bytes"], time_s=r["s_per_step"])
-            for r in decode]
+    pts += [SimpleNamespace(name="decode", dtype=decode_dtype, flops=r["flops"], bytes=r["bytes"],
+                            time_s=r["s_per_step"]) for r in decode]
     labels = [f"prefill T={r['prompt_len']}" for r in prefill]
     labels += [f"decode B={r['batch']} ctx={r['context']}" for r in decode]
     return pts, labels

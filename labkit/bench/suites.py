@@ -21,7 +21,11 @@ STREAM_OPS = ("copy", "scale", "add", "triad")
 
 
 def default_dtype(device: torch.device) -> str:
-    """The dtype the zoo runs in: bf16 on GPUs, fp32 on CPU (bf16 there is often emulated)."""
+    """The dtype the zoo runs in, chosen by device type alone: bf16 on GPUs, fp32 on CPU.
+
+    A fixed, comparable default for `labkit bench`, not a claim about this CPU: whether bf16
+    is native (e.g. AMX: GEMM several times fp32) or emulated here is measured by
+    `labkit.bench.dtypes.choose_dtypes`, which chapters 1, 3 and 4 use instead."""
     return "bf16" if device.type == "cuda" else "fp32"
 
 
