@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterator
 # Every bench module, in the order `labkit bench all` runs them (cheap ones first).
 BENCHES = ("labkit.sim.bench", "labkit.model.bench", "labkit.fusion.bench", "labkit.quant.bench",
            "labkit.prune.bench", "labkit.distill.bench", "labkit.serve.kv_bench", "labkit.serve.cache_bench",
-           "labkit.loadgen.bench", "labkit.loadgen.case_bench")
+           "labkit.serve.overhead_bench", "labkit.loadgen.bench", "labkit.loadgen.case_bench")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 SUMMARY_PREFIX = "SUMMARY "
 SUMMARY_RE = re.compile(r"^SUMMARY (?P<bench>\S+): (?P<text>.*) \[(?P<seconds>\d+) s\]$")

@@ -156,6 +156,7 @@ def test_check_compares_like_with_like_in_back_to_back_pairs():
 # ------------------------------------------------------------------ one bench convention
 BENCH_MODULES = ["labkit.sim.bench", "labkit.model.bench", "labkit.fusion.bench", "labkit.quant.bench",
                  "labkit.prune.bench", "labkit.distill.bench", "labkit.serve.kv_bench", "labkit.serve.cache_bench",
+                 "labkit.serve.overhead_bench",
                  "labkit.loadgen.bench", "labkit.loadgen.case_bench"]
 
 

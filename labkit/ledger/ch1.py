@@ -88,22 +88,27 @@ def judge_c1(prediction: Prediction, prefill: Sequence[Mapping[str, float]],
 
 
 def run_c1(size: str = "smoke", device: Any = None) -> Verdict:
-    """C1 end to end with chapter 1's sizes (`presets` "prefill_decode")."""
+    """C1 end to end with chapter 1's sizes (`presets` "prefill_decode"), each phase in the
+    dtype this machine runs fastest (`choose_dtypes`), as notebook 01 does."""
     from labkit import bench, phases, presets
     from labkit import device as _device
+    from labkit.bench.dtypes import choose_dtypes
     from labkit.model import Transformer
 
     dev = _device.pick(device or "auto")
     P = presets.sizes("prefill_decode", size, dev)
-    dtype = bench.default_dtype(dev)
-    roof = phases.measure_roofline(dev, dtype)
-    model = Transformer.from_preset(P["big_model"], dtype=bench.zoo.DTYPES[dtype], device=dev, **P["big_overrides"])
+    dt = choose_dtypes(dev).dtypes()
+    roof = phases.measure_rooflines(dev, dt.values())
+    big = Transformer.from_preset(P["big_model"], dtype=bench.zoo.DTYPES[dt["prefill"]], device=dev,
+                                  **P["big_overrides"])
+    models = phases.phase_models(big, dt)
     T, ctx = max(P["prompt_lens"]), min(P["contexts"])
-    pred = predict_c1(roof, phases.analytic(model.config, roof, "prefill", seq_len=T, dtype=dtype),
-                      phases.analytic(model.config, roof, "decode", batch=1, context=ctx, dtype=dtype), T, dtype)
-    prefill = phases.time_prefill(model, [T], roof, repeat=P["repeat"], dtype=dtype)
-    decode = phases.time_decode(model, [1, max(P["batches"])], [ctx], roof, steps=P["decode_steps"],
-                                repeat=P["repeat"], dtype=dtype)
+    pred = predict_c1(roof, phases.analytic(big.config, roof, "prefill", seq_len=T, dtype=dt["prefill"]),
+                      phases.analytic(big.config, roof, "decode", batch=1, context=ctx, dtype=dt["decode"]), T,
+                      dt["prefill"])
+    prefill = phases.time_prefill(models["prefill"], [T], roof, repeat=P["repeat"], dtype=dt["prefill"])
+    decode = phases.time_decode(models["decode"], [1, max(P["batches"])], [ctx], roof, steps=P["decode_steps"],
+                                repeat=P["repeat"], dtype=dt["decode"])
     return judge_c1(pred, prefill, decode)
 
 
