@@ -94,9 +94,14 @@ def body(size: str) -> dict[str, Any]:
             "plain_over_fast": rows["plain"]["step_s"] / rows["fast"]["step_s"]}
 
 
+def parser():
+    """The shared bench flags (the server and the in-process engine run 1 torch thread)."""
+    return benchkit.parser("labkit.serve.overhead_bench", __doc__,
+                           quick_help="2 rounds of 3 short runs (about a minute on 2 CPU cores)")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = benchkit.parser("labkit.serve.overhead_bench", __doc__,
-                           quick_help="2 rounds of 3 short runs (about a minute on 2 CPU cores)").parse_args(argv)
+    args = parser().parse_args(argv)
     with benchkit.session(args) as run:
         run.results = r = body("smoke" if args.quick else "full")
         run.summary = (f"served step {1e3 * r['served']['fast']['step_s']:.1f} ms (fast stack) vs "
