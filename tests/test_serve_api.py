@@ -28,9 +28,8 @@ PROMPT = "Once upon a time"
 
 # ====================================================================== transport
 
-def _accepted_nodelay(sock: socket.socket, loop: str = "asyncio") -> int:
-    """Serve `sock` on event loop `loop` (asyncio's or uvloop's, as uvicorn does) and return
-    TCP_NODELAY of the accepted socket."""
+def _accepted_nodelay(sock: socket.socket) -> int:
+    """Serve `sock` with asyncio (as uvicorn does) and return TCP_NODELAY of the accepted socket."""
     seen: list[int] = []
 
     async def main() -> None:
@@ -48,26 +47,12 @@ def _accepted_nodelay(sock: socket.socket, loop: str = "asyncio") -> int:
         client.close()
         server.close()
 
-    factory = pytest.importorskip("uvloop").new_event_loop if loop == "uvloop" else None
-    with asyncio.Runner(loop_factory=factory) as runner:
-        runner.run(main())
+    asyncio.run(main())
     return seen[0]
 
 
-@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
-def test_accepted_connections_have_tcp_nodelay(loop):
-    assert _accepted_nodelay(listen_socket("127.0.0.1", 0), loop) != 0
-
-
-def test_http_stacks_resolve_and_bad_names_are_refused():
-    from labkit.serve.server import HTTP_STACKS, http_stack
-
-    assert http_stack("plain") == ("h11", "asyncio")
-    assert http_stack("fast")[0] == "httptools"  # httptools is a labkit dependency
-    for bad in ("uvloop", "", None):
-        with pytest.raises(ValueError) as e:
-            ServerConfig(http_stack=bad)
-        assert repr(bad) in str(e.value) and all(name in str(e.value) for name in HTTP_STACKS)
+def test_accepted_connections_have_tcp_nodelay():
+    assert _accepted_nodelay(listen_socket("127.0.0.1", 0)) != 0
 
 
 def test_a_proto_0_listener_would_leave_nagle_on():
@@ -160,23 +145,6 @@ SERVER = dict(preset="tiny", policy="continuous", port=0, max_batch=8, max_queue
 def server():
     with start_server(ServerConfig(**SERVER)) as srv:
         yield srv
-
-
-def test_the_server_runs_the_fast_http_stack_by_default(server):
-    import importlib.util
-
-    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
-    assert f"http=httptools+{loop}" in server.log()
-
-
-def test_the_plain_http_stack_streams_too():
-    with start_server(ServerConfig(**{**SERVER, "http_stack": "plain"})) as srv:
-        assert "http=h11+asyncio" in srv.log()
-        with httpx.stream("POST", srv.url + "/v1/completions", headers=AUTH, timeout=30,
-                          json={"model": NAME, "prompt": PROMPT, "max_tokens": 5, "stream": True,
-                                "ignore_eos": True}) as r:
-            events = [line for line in r.iter_lines() if line.startswith("data: ")]
-        assert r.status_code == 200 and events[-1] == "data: [DONE]" and len(events) == 5 + 2  # 5 tokens, end, DONE
 
 
 @pytest.fixture(scope="module")

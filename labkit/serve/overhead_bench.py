@@ -1,15 +1,17 @@
-"""`python -m labkit.serve.overhead_bench [--quick]`: what serving over HTTP costs the model's steps.
+"""`python -m labkit.serve.overhead_bench [--quick]`: what serving over HTTP costs the model.
 
-The engine's decode step is timed twice on the same machine, in interleaved rounds:
+One closed-loop trace (`batch` users, each sending its requests one after another) runs three
+ways, in interleaved rounds:
 
-1. **alone**: `Engine.step()` in this process, `batch` sequences decoding, no HTTP;
-2. **served**: `labkit serve` in a child process, `batch` streaming clients (closed loop), once
-   per HTTP stack (`labkit.serve.server.HTTP_STACKS`): the server's steps per second, read from
-   its `labkit_steps_total` counter, and the clients' median inter-token latency.
+1. **alone**: the server's `Engine` stepped in this process, no HTTP: a finished request is
+   replaced by the next one at once;
+2. **served, streaming**: `labkit serve` in a child process, driven by `labkit loadtest`'s client;
+3. **served, non-streaming**: the same, each answer sent whole at the end.
 
-The engine thread and the HTTP event loop share one interpreter lock (GIL): whatever Python the
-loop runs per streamed token (parse, JSON, SSE framing, socket writes) is time the engine's
-Python waits. served - alone is that cost per step; divided by `batch`, per streamed token.
+Every run reports its wall time (s) and engine steps (the server's `labkit_steps_total`). The
+engine thread and the HTTP event loop share one interpreter lock (GIL), so Python the loop runs
+(parsing, tokenizing, JSON, SSE framing, metrics) is time the engine's Python waits: served /
+alone - 1 is serving's share, and streaming - non-streaming is what sending every token costs.
 """
 
 from __future__ import annotations
@@ -20,93 +22,103 @@ from typing import Any
 
 from labkit import benchkit
 
-SIZES = {"smoke": {"batch": 16, "prompt": 32, "output": 96, "rounds": 2, "steps": 40},
-         "full": {"batch": 16, "prompt": 32, "output": 128, "rounds": 4, "steps": 80}}
+SIZES = {"smoke": {"batch": 16, "requests": 32, "prompt": 32, "output": 64, "rounds": 2},
+         "full": {"batch": 16, "requests": 48, "prompt": 32, "output": 128, "rounds": 3}}
+WAYS = ("alone", "streaming", "non-streaming")
 
 
-def engine_step_s(batch: int, prompt: int, steps: int, seed: int = 0) -> float:
-    """Median time (s) of `steps` decode-only `Engine.step()` calls with `batch` sequences
-    of `prompt`-token prompts, 1 torch thread, in this process (the server's engine, no HTTP)."""
-    import torch
+def trace(size: str, seed: int) -> list[Any]:
+    """The closed-loop requests of one run (`labkit.loadgen.arrivals.RequestSpec`)."""
+    from labkit.loadgen import arrivals
 
+    P = SIZES[size]
+    return arrivals.closed_loop(P["requests"], prompt_len=P["prompt"], output_len=P["output"], seed=seed)
+
+
+def run_alone(specs: list[Any], batch: int) -> dict[str, float]:
+    """`specs` through the server's engine in this process (1 torch thread, as `labkit serve`),
+    `batch` at a time, each prompt tokenized as the server would: wall time (s) and steps."""
     from labkit.bench import threads
     from labkit.model import load_tiny
     from labkit.serve.engine import Engine, EngineConfig
+    from labkit.tokenizer import load_tokenizer
 
-    model = load_tiny()
-    eng = Engine(model, EngineConfig(policy="continuous", max_batch=batch, max_queue=batch + 1, block_size=16,
-                                     max_model_len=512))
-    gen = torch.Generator().manual_seed(seed)
-    for _ in range(batch):
-        eng.submit(torch.randint(model.config.vocab_size, (prompt,), generator=gen).tolist(), steps + 8,
-                   ignore_eos=True)
-    times = []
-    with threads(1):  # as `labkit serve` runs (ServerConfig.threads)
-        for _ in range(4):  # admission and prefill, then a few decode steps to warm up
-            eng.step()
-        for _ in range(steps):
-            t0 = time.perf_counter()
-            eng.step()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    tok, model = load_tokenizer(), load_tiny()
+    eng = Engine(model, EngineConfig(policy="continuous", max_batch=batch, max_queue=len(specs), block_size=16,
+                                     max_model_len=512, eos_id=tok.eos_id))
+    prompts = [tok.encode(s.prompt) for s in specs]
+    with threads(1):
+        eng.warmup()
+        todo, live, steps = list(range(len(specs))), [], 0
+        t0 = time.perf_counter()
+        while todo or live:
+            while todo and len(live) < batch:  # a closed loop: a user sends its next request at once
+                i = todo.pop(0)
+                live.append(eng.submit(prompts[i], specs[i].max_tokens, ignore_eos=True))
+            steps += eng.step()
+            live = [r for r in live if r.state != "done"]
+        wall = time.perf_counter() - t0
+    return {"wall_s": wall, "steps": steps}
 
 
-def served_step_s(stack: str, batch: int, prompt: int, output: int, seed: int = 0) -> dict[str, float]:
-    """`labkit serve --http-stack stack` under `batch` streaming clients (closed loop, 3 requests
-    each): seconds per engine step over the run, and the clients' median inter-token gap (s)."""
-    import numpy as np
-
-    from labkit.loadgen import arrivals
+def run_served(specs: list[Any], batch: int, stream: bool) -> dict[str, float]:
+    """`specs` against `labkit serve` (max_batch `batch`) by `batch` closed-loop users: wall
+    time (s) and the server's engine steps."""
     from labkit.loadgen import experiments as ex
+    from labkit.loadgen.client import Target, run_load
     from labkit.serve.metrics import sample
 
-    with ex.serve("continuous", max_batch=batch, http_stack=stack) as srv:
-        ex.measure(srv.url, arrivals.closed_loop(batch, prompt_len=prompt, output_len=8, seed=seed), users=batch,
-                   warmup=0)  # connections open, code paths warm
-        steps0, t0 = sample(srv.metrics(), "labkit_steps_total"), time.perf_counter()
-        res = ex.measure(srv.url, arrivals.closed_loop(3 * batch, prompt_len=prompt, output_len=output, seed=seed + 1),
-                         users=batch, warmup=0)
-        wall, steps = time.perf_counter() - t0, sample(srv.metrics(), "labkit_steps_total") - steps0
-    gaps = [g for r in res.measured if r.ok for g in r.itl_s]
-    return {"step_s": wall / max(1.0, steps), "itl_p50_s": float(np.median(gaps)) if gaps else float("nan")}
+    with ex.serve("continuous", max_batch=batch) as srv:
+        target = Target(srv.url, stream=stream)
+        run_load(target, specs[:batch], users=batch)  # connections open, code paths warm
+        steps0 = sample(srv.metrics(), "labkit_steps_total")
+        res = run_load(target, specs, users=batch, warmup=0)
+        steps = sample(srv.metrics(), "labkit_steps_total") - steps0
+    failed = sum(not r.ok for r in res.measured)
+    if failed:
+        raise RuntimeError(f"{failed} of {len(res.measured)} requests failed against labkit serve")
+    return {"wall_s": res.wall_s, "steps": steps}
 
 
 def body(size: str) -> dict[str, Any]:
-    from labkit.serve.server import HTTP_STACKS
-
     P = SIZES[size]
-    alone, served = [], {s: [] for s in HTTP_STACKS}
-    for r in range(P["rounds"]):  # interleaved: drift on a shared machine falls on every variant alike
-        alone.append(engine_step_s(P["batch"], P["prompt"], P["steps"], seed=r))
-        for stack in HTTP_STACKS:
-            served[stack].append(served_step_s(stack, P["batch"], P["prompt"], P["output"], seed=r))
-    a = statistics.median(alone)
-    print(f"batch {P['batch']}, {P['rounds']} interleaved rounds; engine alone: {1e3 * a:.2f} ms per step")
-    rows = {}
-    for stack, runs in served.items():
-        step = statistics.median(x["step_s"] for x in runs)
-        itl = statistics.median(x["itl_p50_s"] for x in runs)
-        rows[stack] = {"step_s": step, "itl_p50_s": itl, "overhead_step_s": step - a,
-                       "overhead_token_s": (step - a) / P["batch"], "overhead_share": step / a - 1}
-        print(f"served, {stack:<6} stack: {1e3 * step:.2f} ms per step (+{100 * (step / a - 1):.0f}% over alone, "
-              f"{1e6 * (step - a) / P['batch']:.0f} us per streamed token); client ITL p50 {1e3 * itl:.2f} ms")
-    return {"size": size, **P, "alone_step_s": a, "served": rows,
-            "plain_over_fast": rows["plain"]["step_s"] / rows["fast"]["step_s"]}
+    runs: dict[str, list[dict[str, float]]] = {w: [] for w in WAYS}
+    for r in range(P["rounds"]):  # interleaved: drift on a shared machine falls on every way alike
+        specs = trace(size, seed=r)
+        runs["alone"].append(run_alone(specs, P["batch"]))
+        runs["streaming"].append(run_served(specs, P["batch"], stream=True))
+        runs["non-streaming"].append(run_served(specs, P["batch"], stream=False))
+    rows = {w: {"wall_s": statistics.median(x["wall_s"] for x in xs),
+                "steps": statistics.median(x["steps"] for x in xs)} for w, xs in runs.items()}
+    alone = rows["alone"]["wall_s"]
+    tokens = P["requests"] * P["output"]
+    print(f"{P['requests']} requests x {P['output']} tokens, {P['batch']} closed-loop users, median of {P['rounds']} "
+          "interleaved rounds")
+    print(f"{'way':<15}{'wall (s)':>9}{'steps':>7}{'ms/step':>9}{'vs alone':>10}")
+    for w, row in rows.items():
+        row["step_s"] = row["wall_s"] / max(1.0, row["steps"])
+        row["share"] = row["wall_s"] / alone - 1
+        print(f"{w:<15}{row['wall_s']:>9.2f}{row['steps']:>7.0f}{1e3 * row['step_s']:>9.2f}{100 * row['share']:>+9.0f}%")
+    per_token = (rows["streaming"]["wall_s"] - rows["non-streaming"]["wall_s"]) / tokens
+    print(f"serving adds {100 * rows['streaming']['share']:.0f}% to the engine's time ("
+          f"{1e3 * (rows['streaming']['wall_s'] - alone) / P['requests']:.0f} ms per request); streaming each token "
+          f"costs {1e6 * per_token:.0f} us of it per token")
+    return {"size": size, **P, "ways": rows, "stream_cost_per_token_s": per_token}
 
 
 def parser():
     """The shared bench flags (the server and the in-process engine run 1 torch thread)."""
     return benchkit.parser("labkit.serve.overhead_bench", __doc__,
-                           quick_help="2 rounds of 3 short runs (about a minute on 2 CPU cores)")
+                           quick_help="2 rounds of 32 short requests each way (about a minute on 2 CPU cores)")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     with benchkit.session(args) as run:
         run.results = r = body("smoke" if args.quick else "full")
-        run.summary = (f"served step {1e3 * r['served']['fast']['step_s']:.1f} ms (fast stack) vs "
-                       f"{1e3 * r['served']['plain']['step_s']:.1f} ms (plain) vs {1e3 * r['alone_step_s']:.1f} ms "
-                       f"alone: plain/fast {r['plain_over_fast']:.2f}x")
+        w = r["ways"]
+        run.summary = (f"served/alone {w['streaming']['wall_s'] / w['alone']['wall_s']:.2f}x streaming, "
+                       f"{w['non-streaming']['wall_s'] / w['alone']['wall_s']:.2f}x non-streaming")
     return run.rc
 
 

@@ -38,12 +38,6 @@ from labkit.serve.surface import DEFAULT_MAX_BODY_BYTES
 
 log = logging.getLogger("labkit.serve")
 CACHES = ("exact", "semantic")
-# The HTTP stack under uvicorn. "fast": httptools (HTTP parsing in C) and uvloop (the event
-# loop in C), what `uvicorn[standard]` and vLLM's server run; uvloop has no Windows build, so
-# there the loop stays asyncio's. "plain": h11 and asyncio, pure Python. The engine thread and
-# the event loop share one GIL, so every microsecond the loop spends per streamed token is
-# taken from the model's steps (`python -m labkit.serve.overhead_bench` measures both side by side).
-HTTP_STACKS = ("fast", "plain")
 
 
 @dataclasses.dataclass
@@ -73,16 +67,12 @@ class ServerConfig(EngineSettings):
                               choices=IMPLEMENTATIONS)
     rerank_k: int = setting(4, "pre-processing: BM25 candidates the reranker scores with the model")
     stage_workers: int = setting(0, "pre-processing: worker threads that run the stage (0 = one per core)")
-    http_stack: str = setting("fast", "fast (httptools + uvloop, as vLLM serves; asyncio's loop where uvloop is "
-                              "missing) | plain (h11 + asyncio, pure Python)", choices=HTTP_STACKS)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.cache is not None and self.cache not in CACHES:
             raise ValueError(f"cache {self.cache!r} unknown; choose None or one of {', '.join(CACHES)}")
         StageConfig(self.preprocess, rerank_k=self.rerank_k, workers=self.stage_workers)  # raises naming the choices
-        if self.http_stack not in HTTP_STACKS:
-            raise ValueError(f"http_stack {self.http_stack!r} unknown; choose one of {', '.join(HTTP_STACKS)}")
         if not (isinstance(self.port, int) and 0 <= self.port <= 65535):
             raise ValueError(f"port must be an integer in 0..65535 (0 = any free port), got {self.port!r}")
         if not (isinstance(self.threads, int) and self.threads >= 0):
@@ -184,20 +174,6 @@ def listen_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def http_stack(name: str) -> tuple[str, str]:
-    """uvicorn's (http, loop) implementations for stack `name` (see `HTTP_STACKS`). "fast"
-    needs httptools (a labkit dependency); without uvloop (Windows) its loop is asyncio's."""
-    if name == "plain":
-        return "h11", "asyncio"
-    if name != "fast":
-        raise ValueError(f"http stack {name!r} unknown; choose one of {', '.join(HTTP_STACKS)}")
-    import importlib.util
-
-    if importlib.util.find_spec("httptools") is None:
-        raise RuntimeError("http_stack 'fast' needs httptools (pip install httptools); or pass --http-stack plain")
-    return "httptools", "uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio"
-
-
 def run(cfg: ServerConfig, port_file: str | None = None) -> int:
     """Serve until SIGTERM/SIGINT (blocking); returns the exit status."""
     import uvicorn
@@ -218,14 +194,13 @@ def run(cfg: ServerConfig, port_file: str | None = None) -> int:
             self.force_exit = self.should_exit and sig == signal.SIGINT
             self.should_exit = True
 
-    http, loop = http_stack(cfg.http_stack)
-    server = Server(uvicorn.Config(app, log_level=cfg.log_level, access_log=False, lifespan="off", http=http,
-                                   loop=loop, timeout_graceful_shutdown=int(cfg.drain_s + 2), timeout_keep_alive=5))
+    server = Server(uvicorn.Config(app, log_level=cfg.log_level, access_log=False, lifespan="off",
+                                   timeout_graceful_shutdown=int(cfg.drain_s + 2), timeout_keep_alive=5))
     engine.warmup()
     engine.start(threads=cfg.threads or None)
     print(f"labkit serve: http://{cfg.host}:{port} preset={cfg.preset} policy={cfg.policy} "
           f"max_batch={cfg.max_batch} kv={engine.kv.total}x{cfg.block_size}-token blocks ({cfg.kv_dtype}, "
-          f"{cfg.kv_reserve}) threads={torch.get_num_threads()} http={http}+{loop}", flush=True)
+          f"{cfg.kv_reserve}) threads={torch.get_num_threads()}", flush=True)
     if port_file:
         Path(port_file).write_text(str(port))
     try:
