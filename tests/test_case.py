@@ -276,6 +276,14 @@ def test_c22_fails_when_the_tail_is_small_or_the_fix_misses_the_slo(unsafe, fixe
     assert v.outcome == ledger.FAILS
 
 
+def test_c22_miss_names_the_fixed_stages_own_tail_when_it_has_one():
+    own = verdicts.judge_c22(_p22(), 0.2, 0.9, 0.48, 0.3, 0.21, 0.6)  # fixed p99 2.4x unloaded
+    assert own.outcome == ledger.FAILS and "tail of its own, 2.4x" in own.reason
+    assert own.evidence["p99 fixed / unloaded"].value == pytest.approx(2.4)
+    small = verdicts.judge_c22(_p22(), 0.2, 0.5, 0.25, 0.3, 0.21, 0.6)  # fixed p99 1.25x: no tail of its own
+    assert small.outcome == ledger.FAILS and "did not block each other" in small.reason
+
+
 def test_c22_is_inconclusive_without_completed_requests():
     assert verdicts.judge_c22(_p22(), 0.2, math.nan, 0.3, 0.4, 0.3, 0.6).outcome == ledger.INCONCLUSIVE
 

@@ -21,6 +21,7 @@ TAIL_SHARE = 0.5     # C21 step 1: the stage holds >= half of the tail requests'
 SATURATED = 0.85     # C21 step 2: server CPU at or above this share of the cores = compute-bound
 BW_CEILING = 0.5     # ... or the model's weight reads at or above this share of the bandwidth
 LOCK_SHARE = 0.25    # C21 step 3: >= this share of the busy thread samples wait at the stage's lock
+RATIO_OWN_TAIL = 1.5  # C22, explaining a miss: a fixed p99 >= 1.5x the unloaded one is a tail of its own
 
 
 # ------------------------------------------------------------------------------- C22
@@ -64,9 +65,18 @@ def judge_c22(prediction: Prediction, unloaded_p99_s: float, unsafe_p99_s: float
                                         "machine cannot show what the lock costs (more cores, or a lighter model, can)",
                             ev, tol)
     problems = []
+    own_tail = fixed_p99_s / unloaded_p99_s
+    ev["p99 fixed / unloaded"] = (own_tail, "x")
     if ratio < RATIO:
-        problems.append(f"the unsafe stage raised p99 only {ratio:.2f}x over the fixed one (needs >= {RATIO:g}x): here "
-                        "requests did not block each other enough to dominate the tail")
+        why = (f"the unsafe stage raised p99 only {ratio:.2f}x over the fixed one (needs >= {RATIO:g}x): it did "
+               f"reach {vs_normal:.1f}x the unloaded p99")
+        if own_tail >= RATIO_OWN_TAIL:
+            why += (f", but the fixed stage keeps a tail of its own, {own_tail:.1f}x the unloaded p99: requests "
+                    "that arrive together share too few cores, so removing the lock cannot bring the tail down to "
+                    "normal here (on more cores it can)")
+        else:
+            why += ", and requests did not block each other enough to dominate the tail"
+        problems.append(why)
     if fixed_p99_s > slo_s:
         problems.append(f"the fixed stage's p99 {fixed_p99_s:.3g} s still misses the {slo_s:.3g} s SLO")
     if quantized:
