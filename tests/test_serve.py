@@ -621,3 +621,27 @@ def test_graceful_shutdown_ends_every_request(draining_server):
     assert all("error" in json.loads(lines[-2][6:]) for _, lines in cut), "the waiting batch was cut at the drain"
     assert "Traceback" not in srv.log()
 
+
+
+def test_a_non_streaming_client_that_hangs_up_is_cancelled():
+    """A whole-answer request whose client closes the connection is cancelled (499 path) and
+    leaves nothing waiting. Its batch can never start (static batches of 2 that wait an hour),
+    so the hang-up, not this CPU's speed, ends it."""
+    import socket
+
+    cfg = dict(SERVER, policy="static", max_batch=2, max_wait=3600.0, drain_s=0.0)
+    with start_server(ServerConfig(**cfg)) as srv:
+        body = json.dumps({"prompt": "Once upon a time", "max_tokens": 8}).encode()
+        sock = socket.create_connection(("127.0.0.1", srv.port))
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        gauge = lambda name: metrics_mod.sample(srv.metrics(), name)  # noqa: E731
+        deadline = time.monotonic() + 20
+        while gauge("vllm:num_requests_waiting") < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert gauge("vllm:num_requests_waiting") == 1, "the request never reached the engine"
+        sock.close()
+        cancelled = lambda: srv.metrics().get('labkit_requests_total{status="cancelled"}', 0)  # noqa: E731
+        while cancelled() < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert cancelled() == 1 and gauge("vllm:num_requests_waiting") == 0

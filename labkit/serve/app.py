@@ -291,22 +291,22 @@ async def _stream(engine: Engine, handle, queue: asyncio.Queue, req: CompletionR
 
 async def _complete(engine: Engine, handle, queue: asyncio.Queue, request: Request, reply: Reply,
                     detok: protocol.Output, store):
-    """Wait for the whole completion, or for the client to hang up (then cancel it)."""
+    """Wait for the whole completion, or for the client to hang up (then cancel it). A hang-up
+    arrives as one more event in the request's queue, so each token costs one `queue.get`,
+    not a task and an `asyncio.wait` (the event loop shares the GIL with the engine)."""
     async def disconnected() -> None:
         while (await request.receive())["type"] != "http.disconnect":
             pass
 
     watch = asyncio.ensure_future(disconnected())
+    watch.add_done_callback(lambda f: f.cancelled() or queue.put_nowait(("disconnect", None)))
     try:
         text: list[str] = []
         while True:
-            get = asyncio.ensure_future(queue.get())
-            done, _ = await asyncio.wait({get, watch}, return_when=asyncio.FIRST_COMPLETED)
-            if get not in done:
-                get.cancel()
+            kind, value = await queue.get()
+            if kind == "disconnect":
                 engine.cancel(handle)
                 return JSONResponse(protocol.error_body("client disconnected", "cancelled"), status_code=499)
-            kind, value = get.result()
             if kind == "token":
                 text.append(detok.add(value))
                 if not detok.stopped:
