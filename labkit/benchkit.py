@@ -151,16 +151,34 @@ def write_json(path: str | Path, payload: dict[str, Any]) -> Path:
 
 
 @contextlib.contextmanager
+def _device_env(dev: Any) -> Iterator[Any]:
+    """`dev`, with LABKIT_DEVICE set to it for the block (child processes inherit it); restored after."""
+    import os
+
+    before = os.environ.get("LABKIT_DEVICE")
+    os.environ["LABKIT_DEVICE"] = str(dev)
+    try:
+        yield dev
+    finally:
+        if before is None:
+            os.environ.pop("LABKIT_DEVICE", None)
+        else:
+            os.environ["LABKIT_DEVICE"] = before
+
+
+@contextlib.contextmanager
 def session(args: argparse.Namespace) -> Iterator[Session]:
     """Run a bench body: --threads applied (and restored), --device resolved, then the
     summary line printed last and the --json record written, even if the body fails
-    (then rc 1 and the error in the summary)."""
+    (then rc 1 and the error in the summary). While it runs, LABKIT_DEVICE names the
+    resolved device, so a `labkit serve` the bench starts ("--device auto") runs on the
+    bench's device, not on whichever device that child would pick (a GPU, for a CPU bench)."""
     from labkit.bench import threads as _threads
 
     bench = args._bench
     t0 = time.perf_counter()
-    with _threads(args.threads):
-        s = Session(bench, args, resolve_device(args.device, args._devices))
+    with _threads(args.threads), _device_env(resolve_device(args.device, args._devices)) as dev:
+        s = Session(bench, args, dev)
         try:
             yield s
         except Exception as e:

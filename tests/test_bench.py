@@ -185,11 +185,15 @@ def test_every_bench_takes_the_shared_flags(module):
             ap.parse_args(bad)
 
 
-def _fake_bench(argv, fail=False):
+def _fake_bench(argv, fail=False, seen_env=None):
+    import os
+
     from labkit import benchkit
 
     args = benchkit.parser("labkit.fake.bench", "A fake bench.").parse_args(argv)
     with benchkit.session(args) as run:
+        if seen_env is not None:
+            seen_env.append(os.environ.get("LABKIT_DEVICE"))
         print("a table\nanother line")
         run.record("rows", [{"x": 1.5, "t": torch.tensor([1.0, 2.0]), "nan": float("nan")}])
         if fail:
@@ -203,9 +207,14 @@ def test_session_ends_with_one_summary_line_and_writes_the_record(tmp_path, caps
 
     from labkit import benchkit
 
+    import os
+
     before = torch.get_num_threads()
-    assert _fake_bench(["--json", str(tmp_path / "r.json"), "--threads", "1"]) == 0
+    env_before, seen = os.environ.get("LABKIT_DEVICE"), []
+    assert _fake_bench(["--json", str(tmp_path / "r.json"), "--threads", "1"], seen_env=seen) == 0
     assert torch.get_num_threads() == before, "--threads is restored after the run"
+    assert seen == ["cpu"], "a server the bench starts runs on the bench's device"
+    assert os.environ.get("LABKIT_DEVICE") == env_before, "LABKIT_DEVICE is restored after the run"
     out = capsys.readouterr().out
     lines = out.strip().splitlines()
     assert sum(line.startswith(benchkit.SUMMARY_PREFIX) for line in lines) == 1
