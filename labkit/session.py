@@ -52,7 +52,7 @@ def start(size: str = "auto", device: str = "auto", *, chapter: str, seed: int =
     papermill run with ``-p SIZE huge`` fails on its first cell with a clear message.
     """
     dev = _device.pick(device)
-    resolved = presets.resolve_size(size, dev)
+    resolved = presets.resolve_size(size, dev, chapter)
     seed_everything(seed)
     return Session(chapter=chapter, size=resolved, device=dev,
                    params=presets.sizes(chapter, resolved, dev), seed=seed)

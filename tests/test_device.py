@@ -83,6 +83,11 @@ def test_auto_size_is_smoke_on_cpu_and_full_on_gpu():
     assert presets.resolve_size("auto", "cpu") == "smoke"
     assert presets.resolve_size("auto", "cuda") == "full"
     assert presets.resolve_size("FULL", "cpu") == "full"
+    # the case study's story needs a steady-state queue: its "auto" is full everywhere
+    assert presets.resolve_size("auto", "cpu", chapter="case") == "full"
+    assert presets.resolve_size("smoke", "cpu", chapter="case") == "smoke"
+    assert presets.resolve_size("auto", "cpu", chapter="prefill_decode") == "smoke"
+    assert presets.sizes("case", "auto", "cpu") == presets.sizes("case", "full", "cpu")
 
 
 def test_every_chapter_has_both_sizes_with_the_same_keys():

@@ -76,12 +76,13 @@ class Scenario:
 
 
 def server_config(preprocess: str, **knobs: Any) -> Any:
-    """The case's `ServerConfig`: the tiny model, one torch thread unless a knob says
-    otherwise, the given pre-processing implementation."""
+    """The case's `ServerConfig`: the tiny model on the CPU (on any machine: the case is about
+    cores and a lock, and its figures compare across machines), one torch thread unless a knob
+    says otherwise, the given pre-processing implementation."""
     from labkit.serve.server import ServerConfig
 
-    return ServerConfig(**{"preset": "tiny", "port": 0, "threads": 1, "preprocess": preprocess, "rerank_k": RERANK_K,
-                           **knobs})
+    return ServerConfig(**{"preset": "tiny", "port": 0, "threads": 1, "device": "cpu", "preprocess": preprocess,
+                           "rerank_k": RERANK_K, **knobs})
 
 
 def serve(preprocess: str, **knobs: Any) -> Any:
