@@ -72,8 +72,8 @@ def judge_c22(prediction: Prediction, unloaded_p99_s: float, unsafe_p99_s: float
                f"reach {vs_normal:.1f}x the unloaded p99")
         if own_tail >= RATIO_OWN_TAIL:
             why += (f", but the fixed stage keeps a tail of its own, {own_tail:.1f}x the unloaded p99: requests "
-                    "that arrive together share too few cores, so removing the lock cannot bring the tail down to "
-                    "normal here (on more cores it can)")
+                    "that arrive together share too few cores, so on this machine removing the lock cannot bring "
+                    "the tail down to normal")
         else:
             why += ", and requests did not block each other enough to dominate the tail"
         problems.append(why)
