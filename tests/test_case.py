@@ -162,6 +162,8 @@ def test_server_returns_spans_that_explain_the_clients_e2e(stage_server):
     assert json.loads(r.headers[spans.HEADER]) == got
     assert got["preprocess"] > 0 and got["decode"] > 0 and got["tokenize"] == 0
     assert sum(got[k] for k in spans.SPANS) == pytest.approx(got["server"], abs=1e-4)
+    # pre-processing's parts: no lock in this stage; the waits are inside the span, not added to it
+    assert got["stage_lock"] == 0 and 0 <= got["stage_queue"] <= got["preprocess"]
     plan = case.specs(6, None, 4)
     run = case.measure(stage_server, plan, users=2)
     ok = [x for x in run.result.measured if x.ok]
@@ -234,6 +236,17 @@ def test_span_breakdown_separates_the_tail():
     assert b["tail"]["requests"] == 1 and b["tail"]["preprocess"] == pytest.approx(1.8)
     assert b["all"]["wire"] == pytest.approx(0.01)
     assert case.span_agreement(recs)["wire_s"] == pytest.approx(0.01)
+
+
+def test_span_breakdown_splits_preprocessing_into_its_waits_and_its_work():
+    recs = [_rec(i, 0.3, 0.2) for i in range(4)]
+    for r, (q, lk) in zip(recs, [(0.0, 0.15), (0.0, 0.15), (0.05, 0.0), (0.05, 0.0)]):
+        r.server_spans.update(stage_queue=q, stage_lock=lk)
+    row = case.span_breakdown(recs)["all"]
+    assert row["stage_lock"] == pytest.approx(0.075) and row["stage_queue"] == pytest.approx(0.025)
+    assert row["stage_work"] == pytest.approx(0.2 - 0.075 - 0.025)
+    assert sum(row[k] for g in case.SPAN_GROUPS for k in g[1]) == pytest.approx(
+        sum(row[k] for k in spans.SPANS if k != "preprocess") + row["preprocess"] + row["wire"])
 
 
 def test_lock_share_counts_only_the_stage_lock():

@@ -211,9 +211,10 @@ def at_rate(srv: Any, rate: float, scenario: Scenario, profile_s: float = 0.0, r
 
 # ------------------------------------------------------------------------------ evidence
 def span_breakdown(records: Sequence[RequestRecord], tail_quantile: float = 95.0) -> dict[str, dict[str, float]]:
-    """Mean of each server span (s), the wire time and the client's E2E, over all completed
-    requests ("all") and over the slowest ones (E2E >= the `tail_quantile` percentile, "tail")."""
-    from labkit.serve.spans import SPANS
+    """Mean of each server span (s), of pre-processing's parts (`labkit.serve.spans.DETAILS`, and
+    "stage_work": the rest of it), the wire time and the client's E2E, over all completed requests
+    ("all") and over the slowest ones (E2E >= the `tail_quantile` percentile, "tail")."""
+    from labkit.serve.spans import DETAILS, SPANS
 
     ok = [r for r in records if r.ok and r.server_spans]
     if not ok:
@@ -221,7 +222,9 @@ def span_breakdown(records: Sequence[RequestRecord], tail_quantile: float = 95.0
     cut = np.percentile([r.e2e_s for r in ok], tail_quantile)
     out = {}
     for name, group in (("all", ok), ("tail", [r for r in ok if r.e2e_s >= cut])):
-        row = {k: float(np.mean([r.server_spans.get(k, 0.0) for r in group])) for k in SPANS}
+        row = {k: float(np.mean([r.server_spans.get(k, 0.0) for r in group])) for k in SPANS + DETAILS}
+        # the stage's own work: pre-processing less its two waits (for a worker thread, for the lock)
+        row["stage_work"] = max(0.0, row["preprocess"] - row["stage_queue"] - row["stage_lock"])
         row["wire"] = float(np.mean([r.wire_s for r in group]))
         row["e2e"] = float(np.mean([r.e2e_s for r in group]))
         row["requests"] = len(group)
@@ -328,7 +331,9 @@ def burst(srv: Any, n: int, scenario: Scenario) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------ pictures
 # Span groups drawn, in path order, and their colours (distinct hues, colour-blind safe).
-SPAN_GROUPS = (("pre-processing", ("preprocess", "tokenize"), "#d55e00"),
+SPAN_GROUPS = (("stage: waiting for a worker", ("stage_queue",), "#cc79a7"),
+               ("stage: waiting for the lock", ("stage_lock",), "#d55e00"),
+               ("stage: working, or tokenize", ("stage_work", "tokenize"), "#f0b27a"),
                ("engine queue", ("queue",), "#e69f00"),
                ("prefill", ("prefill",), "#0072b2"),
                ("decode", ("decode",), "#56b4e9"),
@@ -354,7 +359,7 @@ def plot_spans(rows: dict[str, dict[str, float]], ax: Any = None, title: str = "
     ax.invert_yaxis()
     ax.set_xlabel("mean time per request (ms)")
     ax.set_xlim(0, ax.get_xlim()[1] * 1.15)  # room for the end labels
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=len(SPAN_GROUPS), fontsize=8, frameon=False)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=4, fontsize=8, frameon=False)
     if title:
         ax.set_title(title)
     return ax

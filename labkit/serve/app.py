@@ -78,16 +78,18 @@ class Service:
     async def prompt_ids(self, req: CompletionRequest) -> tuple[list[int], dict[str, float], Callable[[], None]]:
         """The prompt's token ids, built off the event loop (tokenizing a large prompt, or the
         pre-processing stage, must not stall other streams), the spans (s) it took:
-        "preprocess" (the stage, waiting for a worker thread included) or "tokenize", and `done`,
+        "preprocess" (the stage, waiting for a worker thread included, with its parts
+        "stage_queue" and "stage_lock": see `labkit.serve.spans`) or "tokenize", and `done`,
         to call once the request has ended (the stage may hold shared state until then). Raises
         InvalidRequest (naming the field) when the engine could not serve them as asked."""
         use_stage = self.stage is not None and isinstance(req.prompt, str) and not req.chat
 
-        def build() -> tuple[list[int], Callable[[], None]]:
+        def build() -> tuple[list[int], Callable[[], None], dict[str, float]]:
             if use_stage:
-                ids, _, done = self.stage.begin(req.prompt)
-                return ids, done
-            return (self.tok.encode(req.prompt) if isinstance(req.prompt, str) else req.prompt), _nothing
+                started = time.monotonic()
+                ids, info, done = self.stage.begin(req.prompt)
+                return ids, done, {"stage_queue": started - t0, "stage_lock": info["lock_wait_s"]}
+            return (self.tok.encode(req.prompt) if isinstance(req.prompt, str) else req.prompt), _nothing, {}
 
         t0 = time.monotonic()
         self.preparing += 1
@@ -95,7 +97,7 @@ class Service:
             pool = self.stage.pool if use_stage else None  # None: asyncio's default worker threads
             job = asyncio.get_running_loop().run_in_executor(pool, build)
             try:
-                ids, done = await asyncio.shield(job)
+                ids, done, waits = await asyncio.shield(job)
             except asyncio.CancelledError:  # the client left: the stage still finishes, then releases
                 job.add_done_callback(lambda f: f.cancelled() or f.exception() or f.result()[1]())
                 raise
@@ -111,7 +113,7 @@ class Service:
         except BaseException:
             done()
             raise
-        return ids, ({"preprocess": took} if use_stage else {"tokenize": took}), done
+        return ids, ({"preprocess": took, **waits} if use_stage else {"tokenize": took}), done
 
     def waiting(self) -> int:
         """Requests waiting: in pre-processing or tokenization, or queued for the engine."""

@@ -15,6 +15,14 @@ the wire (and in the client's own event loop).
     post        last token -> the final chunk built (detokenize, stop strings, format)
     other       the rest of server: parsing, cache look-ups, event-loop delays
     server      HTTP request read -> final chunk built (the sum of all the above)
+
+Two details split `preprocess` (they are part of it, not added to the sum):
+
+    stage_queue  waiting for one of the stage's worker threads (a busy pool: more work than workers)
+    stage_lock   waiting for the stage's lock (a shared resource held by another request)
+
+so a tail in pre-processing shows which kind of wait it is: capacity (the queue) or a resource
+that serialises requests (the lock).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import math
 from typing import Any
 
 SPANS = ("preprocess", "tokenize", "queue", "prefill", "decode", "post", "other")
+DETAILS = ("stage_queue", "stage_lock")  # parts of "preprocess", reported beside the spans
 FIELD = "labkit_spans"
 HEADER = "X-Labkit-Spans"
 
@@ -34,6 +43,7 @@ def request_spans(t_receipt: float, before: dict[str, float], handle: Any, t_end
     answer from the result cache). Phases a request never reached are 0."""
     out = dict.fromkeys(SPANS, 0.0)
     out.update({k: v for k, v in before.items() if k in out})
+    details = {k: before[k] for k in DETAILS if k in before}
     if handle is not None:
         last = handle.t_last if not math.isnan(handle.t_last) else handle.t_done
         phases = {"queue": handle.t_admit - handle.t_submit, "prefill": handle.t_first - handle.t_admit,
@@ -41,7 +51,7 @@ def request_spans(t_receipt: float, before: dict[str, float], handle: Any, t_end
         out.update({k: v for k, v in phases.items() if math.isfinite(v)})
     out["server"] = t_end - t_receipt
     out["other"] = max(0.0, out["server"] - sum(out[k] for k in SPANS if k != "other"))
-    return {k: round(v, 6) for k, v in out.items()}
+    return {k: round(v, 6) for k, v in {**out, **details}.items()}
 
 
 def header_value(spans: dict[str, float]) -> str:
