@@ -8,6 +8,7 @@ import math
 import threading
 
 import httpx
+import numpy as np
 import pytest
 import torch
 
@@ -336,3 +337,17 @@ def test_c21_is_inconclusive_when_the_shipped_service_met_the_slo():
 def test_c21_is_inconclusive_without_a_profile():
     v = verdicts.judge_c21(verdicts.predict_c21(0.6), TAIL, 0.4, 0.05, math.nan, LADDER_MET)
     assert v.outcome == ledger.INCONCLUSIVE
+
+
+def test_a_rung_meets_the_slo_only_when_its_p99_is_clearly_under():
+    clear = np.linspace(0.2, 0.4, 60)
+    assert case.meets_slo(clear, 0.8) == (True, 1.0)
+    # one slow request in 60: the measured p99 (0.55 s) is under 0.8 s, but about a quarter of
+    # resamples hold it twice and land over: a knob must not "fix" a tail by one lucky run
+    lucky = np.array([0.3] * 59 + [0.9])
+    met, conf = case.meets_slo(lucky, 0.8)
+    assert not met and 0.6 < conf < case.MET_CONFIDENCE
+    row = {"cost": "scheduling", "change": "max_batch 32", "p99": 0.55, "mean": 0.31, "throughput": 3.0,
+           "met": met, "confidence": conf}
+    assert "by chance only" in case.format_rung(row, 0.8) and "meets" not in case.format_rung(row, 0.8)
+    assert case.meets_slo(np.array([0.3] * 59 + [2.0]) + 0.6, 0.8)[0] is False  # plainly over
