@@ -172,6 +172,12 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "smoke": {"requests": 60, "unloaded_requests": 12, "profile_s": 1.5, "overload": 1.5, "burst": 3},
         "full": {"requests": 300, "unloaded_requests": 40, "profile_s": 5.0, "overload": 1.5, "burst": 3},
     },
+    # labkit.serve.overhead_bench: closed-loop users (= the server's max batch), requests per run,
+    # prompt words and output tokens per request, interleaved rounds of the three ways.
+    "serve_overhead": {
+        "smoke": {"batch": 16, "requests": 32, "prompt": 32, "output": 64, "rounds": 2},
+        "full": {"batch": 16, "requests": 48, "prompt": 32, "output": 128, "rounds": 3},
+    },
 }
 
 

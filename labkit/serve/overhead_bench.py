@@ -20,10 +20,8 @@ import statistics
 import time
 from typing import Any
 
-from labkit import benchkit
+from labkit import benchkit, presets
 
-SIZES = {"smoke": {"batch": 16, "requests": 32, "prompt": 32, "output": 64, "rounds": 2},
-         "full": {"batch": 16, "requests": 48, "prompt": 32, "output": 128, "rounds": 3}}
 WAYS = ("alone", "streaming", "non-streaming")
 
 
@@ -31,7 +29,7 @@ def trace(size: str, seed: int) -> list[Any]:
     """The closed-loop requests of one run (`labkit.loadgen.arrivals.RequestSpec`)."""
     from labkit.loadgen import arrivals
 
-    P = SIZES[size]
+    P = presets.sizes("serve_overhead", size)
     return arrivals.closed_loop(P["requests"], prompt_len=P["prompt"], output_len=P["output"], seed=seed)
 
 
@@ -81,7 +79,7 @@ def run_served(specs: list[Any], batch: int, stream: bool) -> dict[str, float]:
 
 
 def body(size: str) -> dict[str, Any]:
-    P = SIZES[size]
+    P = presets.sizes("serve_overhead", size)
     runs: dict[str, list[dict[str, float]]] = {w: [] for w in WAYS}
     for r in range(P["rounds"]):  # interleaved: drift on a shared machine falls on every way alike
         specs = trace(size, seed=r)
