@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from labkit.model import (PRESETS, SamplingParams, Transformer, filter_logits, generate,
                           generate_stream, get_config, load_checkpoint, perplexity,
                           save_checkpoint, stream, unigram_perplexity)
-from labkit.model.transformer import Linear
+from labkit.model.transformer import MATMUL_FORMS, Linear, split_k_matmul
 
 transformers = pytest.importorskip("transformers")
 
@@ -325,6 +325,22 @@ def test_weight_layouts_agree_and_bad_layout_raises():
         m.set_weight_layout("column-major")
 
 
+@settings(max_examples=30, deadline=None)
+@given(m=st.integers(1, 9), n=st.integers(1, 40), k_blocks=st.integers(1, 12), splits=st.sampled_from([1, 2, 3, 4]),
+       layout=st.sampled_from(["nk", "kn"]), seed=st.integers(0, 2**16))
+def test_split_k_matmul_equals_x_times_w_transposed(m, n, k_blocks, splits, layout, seed):
+    g = torch.Generator().manual_seed(seed)
+    k = k_blocks * splits
+    x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
+    w = w.t().contiguous().t() if layout == "kn" else w
+    torch.testing.assert_close(split_k_matmul(x, w, splits), x @ w.t(), rtol=1e-5, atol=1e-5)
+
+
+def test_split_k_matmul_refuses_a_split_that_does_not_divide_k():
+    with pytest.raises(ValueError, match="dividing K=10, got splits=3"):
+        split_k_matmul(torch.ones(1, 10), torch.ones(4, 10), 3)
+
+
 def test_matmul_forms_and_tuning_keep_values():
     """Every (layout, form) the decoder may pick computes the same logits and tokens;
     tune_matmul's choice is one of them (which one depends on this machine's speed)."""
@@ -336,16 +352,17 @@ def test_matmul_forms_and_tuning_keep_values():
     lins = [mod for mod in m.modules() if isinstance(mod, Linear)]
     for layout in ("nk", "kn"):
         m.set_weight_layout(layout)
-        for rows in (frozenset(), frozenset({1, 3, 20})):  # decode at batch 1 and 3, the 20-token pass
+        for form in MATMUL_FORMS:  # at decode batch 1 and 3, and in the 20-token pass
             for mod in lins:
-                mod.wx_rows = rows
+                mod.forms, mod.splits = {1: form, 3: form, 20: form}, 2
             with torch.no_grad():
                 assert _rel_err(m(x), ref) < 1e-5
             assert generate(m, prompts, max_new_tokens=10) == ref_tokens
             assert [generate(m, p, max_new_tokens=10)[0] for p in prompts] == ref_tokens
     choice = m.tune_matmul((1, 3), repeat=1)
     assert choice["layout"] == m.weight_layout in ("nk", "kn") and set(choice["forms"]) == {1, 3}
-    assert all(mod.wx_rows == {b for b, f in choice["forms"].items() if f == "wx"} for mod in lins)
+    assert all(mod.forms == {b: f for b, f in choice["forms"].items() if f != "xw"} for mod in lins)
+    assert set(choice["forms"].values()) <= set(MATMUL_FORMS)
     assert generate(m, prompts, max_new_tokens=10) == ref_tokens
 
 

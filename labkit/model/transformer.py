@@ -14,8 +14,9 @@ each eager op costs a few µs of dispatch, so every small op counts):
   with the rotate-half convention HF Llama uses; cos/sin are looked up in a table;
 * the attention mask is built once per pass as an additive tensor (none at all for
   one unpadded sequence), hidden states stay 2-D (B·T, dim) so linears are one mm;
-* how each linear multiplies (weight layout, ``x @ W.T`` or ``(W @ x.T).T``) is
-  chosen per batch size by `Transformer.tune_matmul`, by timing them on this machine.
+* how each linear multiplies (weight layout; ``x @ W.T``, ``(W @ x.T).T`` or the K axis
+  split across threads) is chosen per batch size by `Transformer.tune_matmul`, by timing
+  them on this machine.
 
 Inference goes through a static `KVCache`; `prefill()` runs a prompt (or a chunk
 of one) and `decode_step()` one token per sequence. `forward()` is the cache-free
@@ -32,6 +33,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from labkit.model.config import LLAMA3_KEYS, ModelConfig, get_config
+from labkit.timing import measure
 from labkit.model.kv_quant import check_kv_dtype, dequantize_kv, quantize_kv
 
 
@@ -203,24 +205,48 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
-class Linear(nn.Linear):
-    """nn.Linear on 2-D input (M, K) that computes ``(W @ x.T).T`` instead of
-    ``F.linear(x, W)`` when M is in `wx_rows`. Same values; the BLAS call differs, and
-    which one is faster at small M depends on the CPU and the weight layout, so
-    `Transformer.tune_matmul` measures it (no setting is right on every machine)."""
+MATMUL_FORMS = ("xw", "wx", "split")
 
-    wx_rows: frozenset[int] = frozenset()
+
+def split_k_matmul(x: torch.Tensor, w: torch.Tensor, splits: int) -> torch.Tensor:
+    """``x @ w.T`` for x (M, K), w (N, K), computed as `splits` partial products over
+    equal blocks of the K axis in one batched matmul, then summed: (M, N).
+
+    Why: at M = 1 the BLAS here runs ``x @ w.T`` as a GEMV on a single thread (measured:
+    the same GB/s at 1 and 2 threads), while ``bmm`` hands its batch entries to different
+    threads. Each block of ``w.T`` is a view in either weight layout, so nothing is copied;
+    only the rounding order of the K sum changes. K must be a multiple of `splits`."""
+    M, K = x.shape
+    if splits < 1 or K % splits:
+        raise ValueError(f"split_k_matmul needs splits >= 1 dividing K={K}, got splits={splits!r}")
+    y = torch.bmm(x.reshape(M, splits, K // splits).transpose(0, 1), w.t().view(splits, K // splits, -1))
+    return y.sum(0)
+
+
+class Linear(nn.Linear):
+    """nn.Linear on 2-D input (M, K) that multiplies in the form `forms[M]` chooses:
+    "xw" (the default) ``x @ W.T``, "wx" ``(W @ x.T).T``, or "split" (`split_k_matmul`
+    with `splits` blocks). Same values up to rounding order; the BLAS call differs, and
+    which one is fastest at small M depends on the CPU, the thread count and the weight
+    layout, so `Transformer.tune_matmul` measures it (no setting is right on every machine)."""
+
+    forms: dict[int, str] = {}
+    splits: int = 2
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2:
             return F.linear(x, self.weight, self.bias)
         # mm/addmm directly: F.linear on CPU goes through matmul and ~8 dispatches, and a
         # decode step of a small model is mostly dispatch overhead
-        if x.shape[0] in self.wx_rows:
+        form = self.forms.get(x.shape[0], "xw")
+        if form == "xw":
+            w = self.weight.t()
+            return torch.mm(x, w) if self.bias is None else torch.addmm(self.bias, x, w)
+        if form == "wx":
             y = torch.mm(self.weight, x.t()).t()
-            return y if self.bias is None else y + self.bias
-        w = self.weight.t()
-        return torch.mm(x, w) if self.bias is None else torch.addmm(self.bias, x, w)
+        else:
+            y = split_k_matmul(x, self.weight, self.splits)
+        return y if self.bias is None else y + self.bias
 
 
 class Attention(nn.Module):
@@ -390,39 +416,50 @@ class Transformer(nn.Module):
         self.weight_layout = layout
         return self
 
-    def tune_matmul(self, batches: tuple[int, ...] = (1, 8), repeat: int = 5) -> dict:
+    def tune_matmul(self, batches: tuple[int, ...] = (1, 8), repeat: int = 3, steps: int = 4,
+                    context: int = 16) -> dict:
         """Choose by measurement, on this machine and thread count, how the linear layers
-        multiply when a pass has M = b rows (b in `batches`, e.g. decode at batch b): the
-        weight layout (one for all M: "nk" or "kn", see `set_weight_layout`) and per b the
-        form, ``F.linear(x, W)`` ("xw") or ``(W @ x.T).T`` ("wx"). Returns
-        ``{"layout": ..., "forms": {b: form}, "seconds": {(layout, b, form): s}}``.
+        multiply at decode batch b (b in `batches`): the weight layout (one for all b: "nk"
+        or "kn", see `set_weight_layout`) and per b the form, ``F.linear(x, W)`` ("xw"),
+        ``(W @ x.T).T`` ("wx") or the K axis split across threads ("split",
+        `split_k_matmul`; a candidate when torch has >= 2 threads and they divide every
+        layer's K). Returns ``{"layout": ..., "forms": {b: form}, "splits": s,
+        "seconds": {(layout, b, form): s per decode step}}``.
 
-        Why measure: at small M the four (layout, form) BLAS calls differ 2x and more,
-        and which wins differs between CPUs (chapter 1's layout measurement). Each
-        candidate is timed on this model's own weights, every linear shape weighted by
-        how often a pass runs it, interleaved, best of `repeat` (the least disturbed run
-        on a shared machine). Values are unchanged; only rounding order may differ."""
-        shapes: dict[tuple[int, int], list] = {}
-        for mod in self.modules():
-            if isinstance(mod, Linear):
-                shapes.setdefault(tuple(mod.weight.shape), [mod.weight.detach(), 0])[1] += 1
-        ways = [(lay, b, form) for lay in WEIGHT_LAYOUTS for b in batches for form in ("xw", "wx")]
-        best = {w: [math.inf] * len(shapes) for w in ways}
+        Why measure: at small M these BLAS calls differ 2x and more, and which wins differs
+        between CPUs (chapter 1's layout measurement). Why whole decode steps (`steps` of
+        them after a `context`-token prompt, best of `repeat` interleaved rounds; a way
+        measured at over 2x the best for its batch drops out after one round) rather
+        than each matmul alone: a matmul timed alone finds its weights in cache, while in
+        a step they stream in after everything else; on the tiny model here that ranked
+        the forms backwards. Values are unchanged; only rounding order may differ."""
+        linears = [mod for mod in self.modules() if isinstance(mod, Linear)]
+        splits = torch.get_num_threads()
+        can_split = splits > 1 and all(mod.weight.shape[1] % splits == 0 for mod in linears)
+        forms_here = MATMUL_FORMS if can_split else ("xw", "wx")
+        seconds = {(lay, b, f): math.inf for lay in WEIGHT_LAYOUTS for b in batches for f in forms_here}
+        caches = {b: self.new_cache(b, context + steps) for b in batches}
         with torch.inference_mode():
-            for lay in WEIGHT_LAYOUTS:
-                for i, (w, _) in enumerate(shapes.values()):
-                    w = w.t().contiguous().t() if lay == "kn" else w.contiguous()
-                    xs = {b: torch.randn(b, w.shape[1], dtype=w.dtype, device=w.device) for b in batches}
-                    calls = {(lay, b, f): (lambda x=x, f=f: F.linear(x, w) if f == "xw" else (w @ x.T).T)
-                             for b, x in xs.items() for f in ("xw", "wx")}
-                    for _ in range(repeat + 1):  # the first round warms up
-                        for key, fn in calls.items():
-                            t0 = time.perf_counter()
-                            fn()
-                            best[key][i] = min(best[key][i], time.perf_counter() - t0)
-        counts = [n for _, n in shapes.values()]
-        seconds = {w: sum(t * n for t, n in zip(ts, counts)) for w, ts in best.items()}
-        forms = {lay: {b: min(("xw", "wx"), key=lambda f: seconds[lay, b, f]) for b in batches}
+            for b, cache in caches.items():
+                self.prefill(torch.ones(b, context, dtype=torch.long, device=self.device), cache)
+            for round_ in range(repeat + 1):  # round 0 warms up
+                for lay in WEIGHT_LAYOUTS:
+                    self.set_weight_layout(lay)
+                    for b, f in [(b, f) for (la, b, f) in seconds if la == lay]:
+                        best_b = min(t for (_, bb, _), t in seconds.items() if bb == b)
+                        if math.isfinite(seconds[lay, b, f]) and seconds[lay, b, f] > 2 * best_b:
+                            continue  # measured once at over 2x the best: out of the running
+                        self._use_forms({b: f}, splits, linears)
+                        cache, tokens = caches[b], torch.ones(b, dtype=torch.long, device=self.device)
+
+                        def run(cache=cache, tokens=tokens):
+                            cache.rewind(context)  # same context every time: the same work
+                            for _ in range(steps):
+                                self.decode_step(tokens, cache)
+                        t = measure(run, warmup=0, repeat=1, device=self.device).median / steps
+                        if round_:
+                            seconds[lay, b, f] = min(seconds[lay, b, f], t)
+        forms = {lay: {b: min(forms_here, key=lambda f: seconds[lay, b, f]) for b in batches}
                  for lay in WEIGHT_LAYOUTS}
         # one layout serves every batch size: the one whose worst slowdown against the best
         # way for some batch is smallest (plain seconds would let batch 8 outvote batch 1)
@@ -430,11 +467,13 @@ class Transformer(nn.Module):
         layout = min(WEIGHT_LAYOUTS, key=lambda lay: max(seconds[lay, b, forms[lay][b]] / fastest[b]
                                                           for b in batches))
         self.set_weight_layout(layout)
-        wx = frozenset(b for b, f in forms[layout].items() if f == "wx")
-        for mod in self.modules():
-            if isinstance(mod, Linear):
-                mod.wx_rows = wx
-        return {"layout": layout, "forms": forms[layout], "seconds": seconds}
+        self._use_forms({b: f for b, f in forms[layout].items() if f != "xw"}, splits, linears)
+        return {"layout": layout, "forms": forms[layout], "splits": splits, "seconds": seconds}
+
+    @staticmethod
+    def _use_forms(forms: dict[int, str], splits: int, linears: list[Linear]) -> None:
+        for mod in linears:
+            mod.forms, mod.splits = forms, splits
 
     def weight_bytes_per_step(self, batch: int = 1) -> int:
         """Bytes of weights one decode step must read: every matrix and norm once, plus
