@@ -395,6 +395,22 @@ def test_bench_helpers_smoke():
     assert demo["speedup"] == pytest.approx(demo["nocache_s"] / demo["cache_s"])
 
 
+def test_matrix_read_bandwidth_is_every_linear_weight_over_the_measured_time(monkeypatch):
+    """Speed-free: the timer is replaced, so the figure is pure bookkeeping of bytes."""
+    import types
+    from labkit.model import bench
+    m = _small_model()
+    summed = []
+    monkeypatch.setattr(torch.Tensor, "sum", lambda self, *a, **k: summed.append(self.shape))
+    def fake_measure(fn, **kw):
+        fn()
+        return types.SimpleNamespace(median=0.5)
+    monkeypatch.setattr(bench, "measure", fake_measure)
+    weights = [mod.weight for mod in m.modules() if isinstance(mod, torch.nn.Linear)]
+    assert bench.matrix_read_bandwidth(m) == sum(w.numel() * 4 for w in weights) / 0.5
+    assert summed == [w.shape for w in weights]  # each matrix read once, in the model's order
+
+
 # ------------------------------------------------------------------ int8 KV cache
 @settings(max_examples=50, deadline=None)
 @given(st.integers(0, 2**31 - 1), st.floats(1e-3, 1e3))

@@ -141,6 +141,22 @@ def bytes_per_step(model: Transformer, batch: int, prompt_len: int, new_tokens: 
     return model.weight_bytes_per_step(batch) + kv
 
 
+def matrix_read_bandwidth(model: Transformer, repeat: int = 5) -> float:
+    """Bytes/s at which this machine reads `model`'s weight matrices one after another, in
+    the order a decode step does, with the simplest kernel there is (a sum of each): the
+    practical ceiling of a layer-by-layer decoder. Next to the one-large-tensor read rate it
+    shows what splitting the weights into many matrices (each a separate kernel call, its
+    threads started and prefetchers ramped anew) costs before any matmul is involved."""
+    mats = [mod.weight.detach() for mod in model.modules() if isinstance(mod, torch.nn.Linear)]
+    nbytes = sum(w.numel() * w.element_size() for w in mats)
+
+    def read_all():
+        for w in mats:
+            w.sum()
+    with torch.inference_mode():
+        return nbytes / measure(read_all, warmup=1, repeat=repeat, device=model.device).median
+
+
 def bench_model(name: str, model: Transformer, *, batches: tuple[int, ...], prompt_len: int,
                 new_tokens: int, repeat: int, bw: float, compile_: bool) -> list[dict]:
     hf = to_hf(model)
@@ -346,9 +362,18 @@ def body(args, dev: torch.device) -> dict:
               + ", ".join(f"b{b} {f}" for b, f in tuned["forms"].items())
               + (f" (split: K in {tuned['splits']} blocks, one per thread)"
                  if "split" in tuned["forms"].values() else ""), flush=True)
-        results["rows"] += bench_model(name, model, batches=batches, prompt_len=args.prompt_len,
-                                       new_tokens=new_tokens, repeat=repeat, bw=ceiling,
-                                       compile_=args.compile and name in args.compile_presets.split(","))
+        rows = bench_model(name, model, batches=batches, prompt_len=args.prompt_len,
+                           new_tokens=new_tokens, repeat=repeat, bw=ceiling,
+                           compile_=args.compile and name in args.compile_presets.split(","))
+        per_matrix = matrix_read_bandwidth(model)
+        for r in rows:  # the same step time over the per-matrix ceiling
+            r["labkit_matrix_roofline"] = r["labkit_roofline"] * ceiling / per_matrix
+        results["rows"] += rows
+        results.setdefault("matrix_read", {})[name] = per_matrix
+        print(f"   its weight matrices read one after another (a sum each): {per_matrix / 1e9:.1f} GB/s = "
+              f"{100 * per_matrix / ceiling:.0f}% of the one-tensor ceiling; labkit reaches "
+              + ", ".join(f"b{r['batch']} {100 * r['labkit_matrix_roofline']:.0f}%" for r in rows)
+              + " of that", flush=True)
         if args.layouts and name == "small":
             rows = linear_layouts(model, repeat=10 if args.quick else 20)
             results["layouts"] = rows
