@@ -318,6 +318,27 @@ def test_fit_served_recovers_a_known_server(base, per_seq, per_prefill, per_ctx,
     assert fidelity.fit_served(_served_rows(truth), two_pass=False).mixed_extra_s == 0
 
 
+def test_fit_served_follows_a_decode_time_that_is_not_linear_in_the_batch():
+    """A CPU's decode step grows fast over the first few sequences, then slowly (here
+    base + k·sqrt(batch)): the fitted curve is exact at the measured batches, monotone in
+    between, and closer than the straight line at the middle batch a loaded server runs."""
+    import types
+    lin = LinearCost(base=0.004, per_prefill_token=2e-4, per_context_token=1e-6)
+
+    def truth(b, p, c):
+        return lin.step_time(0, p, c) + (0.003 * b ** 0.5 if b else 0.0)
+    rows = _served_rows(types.SimpleNamespace(step_time=truth, request_s=0.005), batches=(1, 2, 8, 16))
+    fit, line = fidelity.fit_served(rows), fidelity.fit_served(rows, curve=False)
+    assert [b for b, _ in fit.decode_curve] == [1, 2, 8, 16] and line.decode_curve == ()
+    for b in (1, 2, 8, 16):
+        assert fit.step_time(b, 0, 300) == pytest.approx(truth(b, 0, 300), rel=1e-6)
+    assert fit.step_time(2, 0, 300) < fit.step_time(4, 0, 300) < fit.step_time(8, 0, 300)
+    err = lambda cost: abs(cost.step_time(4, 0, 300) - truth(4, 0, 300))  # noqa: E731
+    assert err(fit) < err(line) / 2
+    assert fit.step_time(32, 0, 300) > fit.step_time(16, 0, 300)  # extended by the last slope
+    assert fit.to_dict()["decode_curve"][0] == [1, pytest.approx(truth(1, 0, 0))]
+
+
 def test_served_cost_charges_mixed_steps_twice_and_delays_every_request():
     cost = fidelity.ServedCost(LinearCost(base=0.01, per_seq=0.001), mixed_extra_s=0.01, request_s=0.2)
     assert cost.step_time(4, 0, 0) == pytest.approx(0.014)

@@ -111,7 +111,7 @@ def measure_engine(model: Any = None, *, batches: Sequence[int] = (1, 4, 8, 16),
     return rows
 
 
-def measure_server(url: str, *, concurrencies: Sequence[int] = (1, 4, 8, 16), contexts: Sequence[int] = (16, 128),
+def measure_server(url: str, *, concurrencies: Sequence[int] = (1, 2, 4, 8, 12, 16), contexts: Sequence[int] = (16, 128),
                    prompts: Sequence[int] = (16, 64, 192), decode_output: int = 48, rounds: int = 2, repeat: int = 3,
                    seed: int = 0) -> list[tuple[int, int, int, float]]:
     """Rows (decode_batch, prefill_tokens, context_tokens, seconds) measured through HTTP, with
@@ -154,6 +154,11 @@ class ServedCost:
     the simulator's steps do not hold:
 
     * `step`: a `LinearCost` per engine step (s);
+    * `decode_curve`: ((batch, s), ...) measured decode step times at zero context, batches
+      ascending. When given, a decode step costs this curve at its batch (interpolated;
+      extended past the last point by the last segment's slope) instead of ``base +
+      per_seq·batch``: on a CPU the step time is not linear in the batch (the matmul kernels
+      change with M), and a line through it misses the middle batches a loaded server runs;
     * `mixed_extra_s`: added to a step that mixes prompt and decode tokens (labkit's engine
       runs those as two model passes, so the fixed per-pass cost is paid twice);
     * `request_s`: a fixed latency per request (s) that occupies no step: HTTP parsing,
@@ -163,21 +168,41 @@ class ServedCost:
     mixed_extra_s: float = 0.0
     request_s: float = 0.0
     name: str = "served"
+    decode_curve: tuple[tuple[int, float], ...] = ()
 
     def step_time(self, decode_batch: int, prefill_tokens: int, context_tokens: int) -> float:
         extra = self.mixed_extra_s if decode_batch and prefill_tokens else 0.0
-        return self.step.step_time(decode_batch, prefill_tokens, context_tokens) + extra
+        t = self.step.step_time(decode_batch, prefill_tokens, context_tokens) + extra
+        if decode_batch and self.decode_curve:
+            t += self.decode_at(decode_batch) - (self.step.base + self.step.per_seq * decode_batch)
+        return t
+
+    def decode_at(self, batch: int) -> float:
+        """The decode curve's step time (s) at `batch` sequences, zero context."""
+        pts = self.decode_curve
+        if batch <= pts[0][0]:
+            return pts[0][1]
+        if len(pts) == 1:
+            return pts[0][1] + self.step.per_seq * (batch - pts[0][0])
+        for (b0, t0), (b1, t1) in zip(pts, pts[1:]):
+            if batch <= b1:
+                return t0 + (t1 - t0) * (batch - b0) / (b1 - b0)
+        (b0, t0), (b1, t1) = pts[-2], pts[-1]
+        return t1 + max(t1 - t0, 0.0) / (b1 - b0) * (batch - b1)
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": "served", "step": self.step.to_dict(), "mixed_extra_s": self.mixed_extra_s,
-                "request_s": self.request_s}
+                "request_s": self.request_s, "decode_curve": [list(p) for p in self.decode_curve]}
 
 
-def fit_served(rows: Sequence[Sequence[float]], two_pass: bool = True, source: str = "") -> ServedCost:
+def fit_served(rows: Sequence[Sequence[float]], two_pass: bool = True, source: str = "",
+               curve: bool = True) -> ServedCost:
     """Fit a `ServedCost` to `measure_server` rows: decode rows give base, per-sequence and
     per-context-token costs (`LinearCost.fit`); the TTFT rows' line over prompt length gives
     the per-prompt-token cost (slope) and, above one step's base, the per-request latency
-    (intercept − base). `two_pass`: mixed steps pay `base` twice."""
+    (intercept − base). `two_pass`: mixed steps pay `base` twice. `curve`: also keep each
+    measured batch's decode time, less its context's cost (mean over its rows), as the
+    `decode_curve` (needs >= 2 distinct batches; a line is kept otherwise)."""
     dec = [r for r in rows if r[0] > 0]
     pre = [r for r in rows if r[0] == 0]
     if len(dec) < 4 or len(pre) < 2:
@@ -185,7 +210,12 @@ def fit_served(rows: Sequence[Sequence[float]], two_pass: bool = True, source: s
     lin = _cost.LinearCost.fit(dec, name="served step", source=source)
     slope, intercept = np.polyfit([r[1] for r in pre], [r[3] for r in pre], 1)
     step = dataclasses.replace(lin, per_prefill_token=float(max(slope - lin.per_context_token, 0.0)))
-    return ServedCost(step, step.base if two_pass else 0.0, float(max(intercept - step.base, 0.0)))
+    points: dict[int, list[float]] = {}
+    for b, _, ctx, t in dec:
+        points.setdefault(int(b), []).append(t - lin.per_context_token * ctx)
+    decode_curve = tuple((b, float(np.mean(ts))) for b, ts in sorted(points.items())) if curve and len(points) > 1 else ()
+    return ServedCost(step, step.base if two_pass else 0.0, float(max(intercept - step.base, 0.0)),
+                      decode_curve=decode_curve)
 
 
 def trace_from_records(records: Sequence[RequestRecord]) -> Workload:
