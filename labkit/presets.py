@@ -147,7 +147,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
     # under `policies`). target_points: rates of the equal-p99 throughput sweep per policy
     # (skipped when 0), each about target_s s of arrivals (target_requests = [min, max]).
     "serving": {
-        "smoke": {"calib_users": [1, 8], "calib_contexts": [16, 128], "calib_output": 32, "calib_rounds": 2,
+        "smoke": {"calib_users": [1, 2, 8], "calib_contexts": [16, 128], "calib_output": 32, "calib_rounds": 2,
                   "calib_prompts": [16, 128], "calib_repeat": 3,
                   "c19_requests": 50, "c19_rate": 6.0,
                   "sweep_users": [1, 2, 4, 8, 16, 32], "sweep_rounds": 2, "sweep_min": 6, "sweep_len": 32,
@@ -155,7 +155,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
                   "levels": {"low": 0.3, "near knee": 1.0, "overloaded": 1.6},
                   "level_requests": {"low": 20, "near knee": 40, "overloaded": 40},
                   "policies": ["static", "continuous"], "target_points": 0, "target_s": 0, "target_requests": [0, 0]},
-        "full": {"calib_users": [1, 4, 8, 16], "calib_contexts": [16, 128], "calib_output": 48, "calib_rounds": 2,
+        "full": {"calib_users": [1, 2, 4, 8, 12, 16], "calib_contexts": [16, 128], "calib_output": 48, "calib_rounds": 2,
                  "calib_prompts": [16, 64, 192], "calib_repeat": 3,
                  "c19_requests": 300, "c19_rate": 4.0,
                  "sweep_users": [1, 2, 4, 8, 16, 32, 64], "sweep_rounds": 4, "sweep_min": 16, "sweep_len": 48,
