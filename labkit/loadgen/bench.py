@@ -119,6 +119,12 @@ def body(quick: bool, seed: int) -> dict:
               f"{hi:.2f}; bootstrap confidence {100 * f['confidence']:.0f}%; {len(f['probes'])} runs")
     ratio, low, high = ratio_bracket(found["continuous"], found["static"])
     print(f"continuous / static at equal p99: {ratio:.1f}x (the brackets allow {low:.1f}-{high:.1f}x; target >= 3x)")
+    fewest = min(p.n for f in found.values() for p in f["probes"])
+    if fewest < 100:
+        # A p99 of n < 100 samples is about their largest value, which under-reads a heavy
+        # tail; static batching's tail (a short request stuck behind a long one) is the heavier.
+        print(f"(the smallest probe held {fewest} requests: a p99 of fewer than 100 is near the sample's maximum "
+              "and under-reads static batching's heavier tail, which favours static)")
     out.update(target_s=target, throughput_ratio_at_target=ratio, ratio_range=(low, high),
                bisection={p: {"rate": f["rate"], "throughput": f["throughput"], "bracket": f["bracket"],
                               "confidence": f["confidence"],
