@@ -26,15 +26,14 @@ full-sequence pass used for training, perplexity and the ``use_cache=False`` dem
 from __future__ import annotations
 
 import math
-import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from labkit.model.config import LLAMA3_KEYS, ModelConfig, get_config
-from labkit.timing import measure
 from labkit.model.kv_quant import check_kv_dtype, dequantize_kv, quantize_kv
+from labkit.timing import measure
 
 
 WEIGHT_LAYOUTS = ("nk", "kn")
