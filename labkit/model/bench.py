@@ -250,6 +250,10 @@ def profile_decode(model: Transformer, batch: int, steps: int = 32, prompt_len: 
     """torch.profiler table (ops sorted by self CPU time) of `steps` labkit decode steps."""
     from torch.profiler import profile
 
+    from labkit.fusion.count import quiet_profiler
+
+    quiet_profiler()  # no kineto "USDT ... profiler_start" lines on stderr
+
     ids = torch.randint(1, model.config.vocab_size, (batch, prompt_len),
                         generator=torch.Generator().manual_seed(0))
     generate(model, ids, max_new_tokens=steps)  # warm-up
