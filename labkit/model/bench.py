@@ -375,7 +375,9 @@ def body(args, dev: torch.device) -> dict:
         results["rows"] += rows
         results.setdefault("matrix_read", {})[name] = per_matrix
         print(f"   its weight matrices read one after another (a sum each): {per_matrix / 1e9:.1f} GB/s = "
-              f"{100 * per_matrix / ceiling:.0f}% of the one-tensor ceiling; labkit reaches "
+              f"{100 * per_matrix / ceiling:.0f}% of the one-tensor ceiling"
+              # above 100%: the matrices fit in this CPU's cache and are not read from DRAM
+              + (" (they fit in cache)" if per_matrix > ceiling else "") + "; labkit reaches "
               + ", ".join(f"b{r['batch']} {100 * r['labkit_matrix_roofline']:.0f}%" for r in rows)
               + " of that", flush=True)
         if args.layouts and name == "small":
