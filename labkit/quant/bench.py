@@ -22,6 +22,7 @@ from labkit.ledger.ch4 import judge_c10, predict_c10
 from labkit.model import load_tiny
 from labkit.quant.experiments import (WEIGHT_SCHEMES, c10_bytes, c10_decode, c10_models,
                                       kv_table, mixed_precision, sensitivity_scan, w8a8_table, weight_table)
+from labkit.report import format_rows
 
 
 def parser():
