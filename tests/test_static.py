@@ -1,4 +1,4 @@
-"""Every name a labkit module reads as a global is defined in that module or is a builtin.
+"""Every name a labkit module (or script) reads as a global is defined there or is a builtin.
 
 Catches, without running anything, the NameError that `labkit bench all` hit at run time in
 labkit.quant.bench (``format_rows`` used, never imported): a path no unit test executes."""
@@ -16,7 +16,8 @@ import labkit
 # Attributes every module has without assigning them.
 MODULE_ATTRS = {"__file__", "__name__", "__doc__", "__spec__", "__package__", "__loader__",
                 "__path__", "__builtins__", "__annotations__", "__dict__", "__class__"}
-SOURCES = sorted(Path(labkit.__file__).parent.rglob("*.py"))
+ROOT = Path(labkit.__file__).parent.parent
+SOURCES = sorted([*(ROOT / "labkit").rglob("*.py"), *(ROOT / "scripts").glob("*.py")])
 
 
 def undefined_globals(source: str, filename: str = "<src>") -> set[str]:
@@ -49,6 +50,6 @@ def test_no_star_imports_hide_names():
     assert not starred, f"star imports defeat the undefined-name check: {starred}"
 
 
-@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(Path(labkit.__file__).parent)))
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_module_defines_every_global_it_reads(path):
     assert undefined_globals(path.read_text(), str(path)) == set()
