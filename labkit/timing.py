@@ -8,6 +8,7 @@
   cache is rewound before every call); `decode_tok_s(model)` is decode throughput.
 * `Spans` times the phases of a request path: ``with spans("preprocess"): ...``,
   then `spans.table()` / `spans.plot()` for a per-phase breakdown.
+* `quiet_profiler()` keeps torch.profiler's kineto log lines off stderr.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 import time
 from collections import OrderedDict
 from typing import Any, Callable, Iterator, Sequence
@@ -23,6 +25,15 @@ import torch
 
 from labkit import device as _device
 from labkit.plots import axes
+
+
+def quiet_profiler() -> None:
+    """Silence kineto's per-session log lines (``USDT: ... profiler_start/stop`` on stderr,
+    one pair per profiled call: dozens of red boxes in a notebook). Kineto reads
+    KINETO_LOG_LEVEL when the profiler first initialises, so this must run before the
+    first ``torch.profiler.profile``; 6 = its highest level, errors only above it. A value
+    the user set stays."""
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
 
 def percentile(samples: Sequence[float], q: float) -> float:

@@ -16,21 +16,13 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import os
 import re
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-
-def quiet_profiler() -> None:
-    """Silence kineto's per-session log lines (``USDT: ... profiler_start/stop`` on stderr,
-    one pair per profiled call: dozens of red boxes in a notebook). Kineto reads
-    KINETO_LOG_LEVEL when the profiler first initialises, so this must run before the
-    first ``torch.profiler.profile``; 6 = its highest level, errors only above it. A value
-    the user set stays."""
-    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+from labkit.timing import quiet_profiler
 
 
 quiet_profiler()  # at import: every profiler use in labkit.fusion goes through this module

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import torch
 
-from labkit.fusion.count import quiet_profiler
+from labkit.timing import quiet_profiler
 
 quiet_profiler()  # peak_bytes uses the profiler on CPU
 MODES = ("train", "no_grad", "inference_mode")

@@ -36,7 +36,7 @@ from labkit.model.generate import generate
 from labkit.model.kv_memory import kv_bytes_per_token
 from labkit.model.transformer import Transformer
 from labkit.bench import read_copy_bandwidth
-from labkit.timing import measure
+from labkit.timing import measure, quiet_profiler
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -249,8 +249,6 @@ def profile_decode(model: Transformer, batch: int, steps: int = 32, prompt_len: 
                    rows: int = 15) -> str:
     """torch.profiler table (ops sorted by self CPU time) of `steps` labkit decode steps."""
     from torch.profiler import profile
-
-    from labkit.fusion.count import quiet_profiler
 
     quiet_profiler()  # no kineto "USDT ... profiler_start" lines on stderr
 
