@@ -70,7 +70,56 @@ def test_table_and_counts():
           for c, h in (("C1", True), ("C2", False), ("C3", None))]
     text = ledger_run.table([(v, 1.0) for v in vs])
     assert all(c in text for c in ("C1", "C2", "C3", "does not hold", "inconclusive"))
-    assert ledger_run.counts(vs) == {"holds": 1, "does not hold": 1, "inconclusive": 1}
+    n = ledger_run.counts(vs)
+    assert (n["holds"], n["does not hold"], n["inconclusive"], n["demonstrated"]) == (1, 1, 1, 0)
+    assert (n["measured here"], n["simulated"], n["demonstration"]) == (3, 0, 0)
+    assert "measured here" in text and "flips if:" in text
+
+
+def test_evidence_kinds_and_their_outcomes():
+    v = ledger.decide(_p(), True, why_holds="knee at the ridge", why_not="", evidence={}, tolerance="")
+    assert v.evidence_kind == ledger.MEASURED and v.label == "holds"
+    sim = ledger.simulated(v, "the calibrated twin")
+    assert (sim.outcome, sim.evidence_kind, sim.label) == ("inconclusive", "simulated", "inconclusive (simulated)")
+    assert "simulated" in sim.reason and "would hold" in sim.reason and "INCONCLUSIVE (SIMULATED)" in str(sim)
+    fails = ledger.simulated(ledger.decide(_p(), False, why_holds="", why_not="off", evidence={}, tolerance=""), "x")
+    assert "would not hold" in fails.reason
+    demo = ledger.demonstrated(_p(), "planted outliers broke W8A8", {"W8A8": (40.0, "% ppl")})
+    assert (demo.outcome, demo.evidence_kind) == ("demonstrated", "demonstration") and not demo.holds
+    assert ledger.demonstrated(_p(), "nothing shown", {}, shown=False).outcome == "inconclusive"
+    vs = [v, sim, demo]
+    n = ledger_run.counts(vs)
+    assert (n["holds"], n["inconclusive"], n["demonstrated"], n["measured here"], n["simulated"],
+            n["demonstration"]) == (1, 1, 1, 1, 1, 1)
+    for x in vs:
+        assert ledger.Verdict.from_dict(json.loads(x.to_json())) == x
+
+
+def test_bad_evidence_kind_combinations_are_named():
+    with pytest.raises(ValueError, match="'guessed'.*measured here"):
+        ledger.Verdict("C4", "holds", "", _p(), {}, "", "guessed")
+    with pytest.raises(ValueError, match="'simulated' verdict cannot be 'holds'"):
+        ledger.Verdict("C4", "holds", "simulated by the twin", _p(), {}, "", "simulated")
+    with pytest.raises(ValueError, match="must say it is simulated"):
+        ledger.Verdict("C4", "inconclusive", "the twin", _p(), {}, "", "simulated")
+    with pytest.raises(ValueError, match="'demonstration' verdict cannot be 'holds'"):
+        ledger.Verdict("C4", "holds", "", _p(), {}, "", "demonstration")
+    with pytest.raises(ValueError, match="'measured here' verdict cannot be 'demonstrated'"):
+        ledger.Verdict("C4", "demonstrated", "", _p(), {}, "")
+    with pytest.raises(ValueError, match="only a measured verdict"):
+        ledger.simulated(ledger.simulated(ledger.decide(_p(), True, why_holds="", why_not="", evidence={},
+                                                        tolerance=""), "twin"), "twin")
+
+
+def test_old_json_without_evidence_kind_reads_as_measured():
+    d = ledger.decide(_p(), True, why_holds="ok", why_not="", evidence={}, tolerance="").as_dict()
+    del d["evidence_kind"]
+    assert ledger.Verdict.from_dict(d).evidence_kind == ledger.MEASURED
+
+
+def test_every_claim_says_what_would_flip_it():
+    for c in ledger.CLAIMS.values():
+        assert len(c.flip) > 20, c.id
 
 
 def test_a_crashing_experiment_is_inconclusive_not_a_crash(monkeypatch):

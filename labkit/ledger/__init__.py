@@ -9,8 +9,10 @@ chapter's package) and a pure `judge_cN(prediction, measured...) -> Verdict`, pl
 
 from labkit.ledger.book import Book, read
 from labkit.ledger.claims import CLAIMS, Claim, claim, for_notebook
-from labkit.ledger.verdict import (FAILS, HOLDS, INCONCLUSIVE, Prediction, Quantity, Verdict, decide,
-                                   distance_from_range, inconclusive)
+from labkit.ledger.verdict import (DEMONSTRATED, DEMONSTRATION, EVIDENCE_KINDS, FAILS, HOLDS, INCONCLUSIVE,
+                                   MEASURED, SIMULATED, Prediction, Quantity, Verdict, decide, demonstrated,
+                                   distance_from_range, inconclusive, simulated)
 
-__all__ = ["Book", "CLAIMS", "Claim", "FAILS", "HOLDS", "INCONCLUSIVE", "Prediction", "Quantity", "Verdict",
-           "claim", "decide", "distance_from_range", "for_notebook", "inconclusive", "read"]
+__all__ = ["Book", "CLAIMS", "Claim", "DEMONSTRATED", "DEMONSTRATION", "EVIDENCE_KINDS", "FAILS", "HOLDS",
+           "INCONCLUSIVE", "MEASURED", "Prediction", "Quantity", "SIMULATED", "Verdict", "claim", "decide",
+           "demonstrated", "distance_from_range", "for_notebook", "inconclusive", "read", "simulated"]

@@ -18,11 +18,53 @@ class Claim:
     notebooks: tuple[str, ...]   # notebook stems that must record a verdict for it
     test_here: str        # how this machine tests it (the README's ledger column)
     experiment: str       # "module:function", (size, device) -> Verdict
+    flip: str = ""        # what measurement, on some machine, would turn the outcome over
 
 
 def _c(id: str, chapter: int, words: str, notebooks: str, test_here: str, module: str) -> Claim:
     return Claim(id, chapter, words, tuple(notebooks.split()), test_here,
-                 f"labkit.ledger.{module}:run_{id.lower()}")
+                 f"labkit.ledger.{module}:run_{id.lower()}", FLIPS[id])
+
+
+# What would turn each verdict over: the measurement that, on some machine, decides the other
+# way (the README's "what flips it" column). A claim none could flip would be a demonstration.
+FLIPS: dict[str, str] = {
+    "C1": "prefill under 5x decode's tokens/s or under 25 % of the GEMM peak; batch-1 decode under 50 % of the "
+          "bandwidth; a batch-B step costing over B/2 single steps",
+    "C2": "the typical path's time outside the model below 10 % (slow model, fast tokenizer) or above 20 %; heavy "
+          "retrieval adding nothing",
+    "C3": "decode keeping over a third of the GEMM's gain from more threads (one core could not saturate memory)",
+    "C4": "the fitted knee over 3x from the predicted ridge, or its slope / plateau over 3x from the measured "
+          "bandwidth / peak",
+    "C5": "the GEMV's counters showing >= 30 % compute or < 50 % bandwidth, or the GEMM showing the same signature",
+    "C6": "the per-op fixed cost (intercept of time vs work per op) x ops below half of a real decode step's time "
+          "(a fast dispatcher, or a model of few large ops)",
+    "C7": "graph nodes falling under 3x, or the eager-to-fused latency cut outside 20-40 %",
+    "C8": "the folded output off by more than 1e-4 of its scale, or more than one op left",
+    "C9": "inference mode's peak above 2/3 of the autograd forward's peak",
+    "C10": "the best int8 decode speed-up outside 50-150 % of its bytes ratio (dequantization cost, or weights "
+           "that fit a cache)",
+    "C11": "on the trained model's own activations and weights: int4 under +3 % perplexity, W8A8 no worse than "
+           "int8 weights, or calibration / mixed precision removing under half of W8A8's damage",
+    "C12": "unstructured sparsity >= 1.1x dense, or structured under half its bytes-predicted speed-up",
+    "C13": "another order ending over 2 % lower in perplexity than D->P->Q",
+    "C14": "distillation's measured seconds outside 1.5-2.5x scratch; quantize+fuse outside 1.15-1.45x on the "
+           "memory-bound model; the smaller student under 2x",
+    "C15": "a batch-8 step yielding under half the predicted tokens; continuous not cutting static's p99 E2E by "
+           "1.2x on the real engine",
+    "C16": "FIFO interactive p99 TTFT under 2x alone with offline work arriving as a stream, or priority removing "
+           "under 75 % of the excess",
+    "C17": "allocated KV tensor bytes not linear in length x sequences (R^2 < 0.99, a point > 15 % off) or the "
+           "slope > 15 % off the calculator; paging or int8 fitting < 1.2x the sequences",
+    "C18": "the cache saving under 20 % of model calls or of mean latency on a trace with repeats, or its "
+           "precision on held-out pairs under 99 %",
+    "C19": "on the real server, mean and p99 moving together (|dmean - dp99| < 2/3 of the larger), or neither "
+           "moving 20 %",
+    "C20": "on the real server, p99 climbing from the lightest load, throughput lagging the load below the knee, "
+           "or rising > 33 % past it",
+    "C21": "a step of the method pointing away from the planted cause",
+    "C22": "p99 with the unsafe stage under ~5x unloaded, or the fix not meeting the target",
+}
 
 
 CLAIMS: dict[str, Claim] = {c.id: c for c in [
@@ -109,8 +151,9 @@ def for_notebook(stem: str) -> list[str]:
 
 
 def markdown_table() -> str:
-    """The README's ledger table: id, chapter, the claim, and how this machine tests it
+    """The README's ledger table: id, chapter, the claim, how this machine tests it and what
+    would flip the outcome
     (tests/test_ledger.py checks that README.md holds exactly this table)."""
-    rows = ["| id | ch. | claim | how this machine tests it |", "|---|---|---|---|"]
-    rows += [f"| {c.id} | {c.chapter} | {c.words} | {c.test_here} |" for c in CLAIMS.values()]
+    rows = ["| id | ch. | claim | how this machine tests it | what would flip it |", "|---|---|---|---|---|"]
+    rows += [f"| {c.id} | {c.chapter} | {c.words} | {c.test_here} | {c.flip} |" for c in CLAIMS.values()]
     return "\n".join(rows)

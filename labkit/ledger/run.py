@@ -12,7 +12,8 @@ from pathlib import Path
 from labkit import paths
 from labkit.ledger.book import write_json
 from labkit.ledger.claims import CLAIMS, claim
-from labkit.ledger.verdict import INCONCLUSIVE, OUTCOMES, Prediction, Verdict, inconclusive
+from labkit.ledger.verdict import (DEMONSTRATED, DEMONSTRATION, EVIDENCE_KINDS, FAILS, HOLDS, INCONCLUSIVE,
+                                   MEASURED, OUTCOMES, SIMULATED, Prediction, Verdict, inconclusive)
 
 SIZES = ("smoke", "full")
 
@@ -40,24 +41,33 @@ def parse_claims(text: str | None) -> list[str]:
 
 
 def table(rows: list[tuple[Verdict, float]]) -> str:
-    """Claim | prediction | measurement | outcome, wrapped to fit 120 columns."""
-    w = (5, 40, 44, 14)
-    out = [f"{'claim':<{w[0]}} {'prediction':<{w[1]}} {'measurement':<{w[2]}} {'outcome':<{w[3]}} time"]
-    out.append("-" * 118)
+    """Claim | prediction | measurement | outcome | evidence kind, wrapped to fit 120 columns;
+    under each row why it came out so and what would flip it."""
+    w = (5, 34, 38, 24, 13)
+    out = [f"{'claim':<{w[0]}} {'prediction':<{w[1]}} {'measurement':<{w[2]}} {'outcome':<{w[3]}} "
+           f"{'evidence':<{w[4]}} time"]
+    out.append("-" * 120)
     for v, s in rows:
         pred = textwrap.wrap(v.prediction.statement, w[1]) or [""]
         meas = textwrap.wrap(", ".join(f"{k} {q}" for k, q in v.evidence.items()), w[2]) or [""]
         for i in range(max(len(pred), len(meas))):
             first = i == 0
             out.append(f"{v.claim if first else '':<{w[0]}} {pred[i] if i < len(pred) else '':<{w[1]}} "
-                       f"{meas[i] if i < len(meas) else '':<{w[2]}} {v.outcome if first else '':<{w[3]}}"
-                       + (f" {s:5.1f} s" if first else ""))
+                       f"{meas[i] if i < len(meas) else '':<{w[2]}} {v.label if first else '':<{w[3]}} "
+                       f"{v.evidence_kind if first else '':<{w[4]}}" + (f" {s:5.1f} s" if first else ""))
         out.extend(textwrap.wrap("why: " + v.reason, 112, initial_indent="      ", subsequent_indent="        "))
+        flip = CLAIMS[v.claim].flip if v.claim in CLAIMS else ""
+        if flip:
+            out.extend(textwrap.wrap("flips if: " + flip, 112, initial_indent="      ",
+                                     subsequent_indent="        "))
     return "\n".join(out)
 
 
 def counts(verdicts: list[Verdict]) -> dict[str, int]:
-    return {o: sum(v.outcome == o for v in verdicts) for o in OUTCOMES}
+    """Verdicts per outcome, and per evidence kind (a simulated inconclusive counts in both)."""
+    n = {o: sum(v.outcome == o for v in verdicts) for o in OUTCOMES}
+    n.update({k: sum(v.evidence_kind == k for v in verdicts) for k in EVIDENCE_KINDS})
+    return n
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,12 +99,13 @@ def run(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         v = run_claim(cid, args.size, args.device)
         rows.append((v, time.perf_counter() - t0))
-        print(f"  {cid}: {v.outcome} ({rows[-1][1]:.1f} s)", flush=True)
+        print(f"  {cid}: {v.label} [{v.evidence_kind}] ({rows[-1][1]:.1f} s)", flush=True)
     print()
     print(table(rows))
     n = counts([v for v, _ in rows])
-    print(f"\n{n['holds']} hold, {n['does not hold']} do not hold, {n[INCONCLUSIVE]} inconclusive "
-          f"({sum(s for _, s in rows):.0f} s)")
+    print(f"\n{n[HOLDS]} hold, {n[FAILS]} do not hold, {n[INCONCLUSIVE]} inconclusive, {n[DEMONSTRATED]} "
+          f"demonstrated; evidence: {n[MEASURED]} measured here, {n[SIMULATED]} simulated, {n[DEMONSTRATION]} "
+          f"demonstrations ({sum(s for _, s in rows):.0f} s)")
     payload = {"fingerprint": fp, "size": args.size,
                "verdicts": [dict(v.as_dict(), seconds=s) for v, s in rows]}
     out = Path(args.json) if args.json else paths.out_dir() / "ledger.json"

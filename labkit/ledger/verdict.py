@@ -5,6 +5,15 @@ the model's shape) and printed in its own cell. A `Verdict` is what a judge func
 `labkit.ledger` returns after the measurement: the outcome, the reason in one sentence,
 the prediction it tested, the measured evidence (numbers with units) and the tolerance
 band the claim's own words give.
+
+Every verdict also says what kind of evidence decided it (`evidence_kind`):
+- "measured here": an experiment on this machine whose outcome could have gone either way;
+  outcome holds / does not hold / inconclusive.
+- "simulated": the numbers came from a model of the machine (the calibrated twin), not from
+  this machine running the claim; the outcome is always "inconclusive" and the reason says
+  it is simulated (and what the simulation would have said).
+- "demonstration": a setup built to show the mechanism (a planted effect); it cannot lose,
+  so its outcome is "demonstrated" (or inconclusive if it did not run), never "holds".
 """
 
 from __future__ import annotations
@@ -14,8 +23,13 @@ import json
 import math
 from typing import Any, Mapping
 
-HOLDS, FAILS, INCONCLUSIVE = "holds", "does not hold", "inconclusive"
-OUTCOMES = (HOLDS, FAILS, INCONCLUSIVE)
+HOLDS, FAILS, INCONCLUSIVE, DEMONSTRATED = "holds", "does not hold", "inconclusive", "demonstrated"
+OUTCOMES = (HOLDS, FAILS, INCONCLUSIVE, DEMONSTRATED)
+MEASURED, SIMULATED, DEMONSTRATION = "measured here", "simulated", "demonstration"
+EVIDENCE_KINDS = (MEASURED, SIMULATED, DEMONSTRATION)
+# the outcomes each evidence kind may carry (a simulation or a demonstration never "holds")
+ALLOWED = {MEASURED: (HOLDS, FAILS, INCONCLUSIVE), SIMULATED: (INCONCLUSIVE,),
+           DEMONSTRATION: (DEMONSTRATED, INCONCLUSIVE)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,17 +102,33 @@ class Verdict:
     prediction: Prediction
     evidence: dict[str, Quantity]
     tolerance: str
+    evidence_kind: str = MEASURED
 
     def __post_init__(self) -> None:
         if self.outcome not in OUTCOMES:
             raise ValueError(f"outcome {self.outcome!r} is not one of {OUTCOMES}")
+        if self.evidence_kind not in EVIDENCE_KINDS:
+            raise ValueError(f"evidence_kind {self.evidence_kind!r} is not one of {EVIDENCE_KINDS}")
+        if self.outcome not in ALLOWED[self.evidence_kind]:
+            raise ValueError(f"{self.claim}: a {self.evidence_kind!r} verdict cannot be {self.outcome!r}; allowed: "
+                             f"{ALLOWED[self.evidence_kind]}")
+        if self.evidence_kind == SIMULATED and "simulated" not in self.reason:
+            raise ValueError(f"{self.claim}: a simulated verdict's reason must say it is simulated, got "
+                             f"{self.reason!r}")
 
     @property
     def holds(self) -> bool:
         return self.outcome == HOLDS
 
+    @property
+    def label(self) -> str:
+        """The outcome with its evidence kind where that is not a measurement here:
+        "holds", "inconclusive (simulated)", "demonstrated"."""
+        return f"{self.outcome} (simulated)" if self.evidence_kind == SIMULATED else self.outcome
+
     def __str__(self) -> str:
-        return (f"{self.claim} {self.outcome.upper()}: {self.reason}\n"
+        kind = "" if self.evidence_kind == MEASURED else f" [{self.evidence_kind}]"
+        return (f"{self.claim} {self.label.upper()}{kind}: {self.reason}\n"
                 f"  predicted: {self.prediction.statement}"
                 + (f" ({_fmt(self.prediction.values)})" if self.prediction.values else "") +
                 f"\n  measured:  {_fmt(self.evidence)}\n  tolerance: {self.tolerance}")
@@ -107,14 +137,16 @@ class Verdict:
         return {"claim": self.claim, "outcome": self.outcome, "reason": self.reason,
                 "prediction": self.prediction.as_dict(),
                 "evidence": {k: dataclasses.asdict(v) for k, v in self.evidence.items()},
-                "tolerance": self.tolerance}
+                "tolerance": self.tolerance, "evidence_kind": self.evidence_kind}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Verdict":
+        """Read `as_dict`'s output; JSON written before `evidence_kind` existed reads as measured."""
         p = d["prediction"]
         pred = Prediction(p["claim"], p["statement"], {k: Quantity(**v) for k, v in p["values"].items()})
         return cls(d["claim"], d["outcome"], d["reason"], pred,
-                   {k: Quantity(**v) for k, v in d["evidence"].items()}, d["tolerance"])
+                   {k: Quantity(**v) for k, v in d["evidence"].items()}, d["tolerance"],
+                   d.get("evidence_kind", MEASURED))
 
     def to_json(self) -> str:
         return json.dumps(self.as_dict())
@@ -134,6 +166,29 @@ def inconclusive(prediction: Prediction, reason: str, evidence: Mapping[str, Any
                  tolerance: str = "-") -> Verdict:
     """A verdict the machine cannot decide (no counters, no GPU, too few samples); `reason` says why."""
     return Verdict(prediction.claim, INCONCLUSIVE, reason, prediction, quantities(evidence or {}), tolerance)
+
+
+def simulated(verdict: Verdict, source: str) -> Verdict:
+    """`verdict` judged on numbers from a simulation (`source`, e.g. "the twin calibrated on this
+    machine's step costs"), relabelled: inconclusive, the reason saying it was simulated and
+    what the judge said of the simulated numbers. The machine did not run the claim."""
+    if verdict.evidence_kind != MEASURED:
+        raise ValueError(f"{verdict.claim}: only a measured verdict can be relabelled simulated, got "
+                         f"{verdict.evidence_kind!r}")
+    said = "would hold" if verdict.outcome == HOLDS else (
+        "would not hold" if verdict.outcome == FAILS else "was itself inconclusive")
+    return dataclasses.replace(verdict, outcome=INCONCLUSIVE, evidence_kind=SIMULATED,
+                               reason=f"simulated, not measured here ({source}); on its numbers the claim "
+                                      f"{said}: {verdict.reason}")
+
+
+def demonstrated(prediction: Prediction, reason: str, evidence: Mapping[str, Any], tolerance: str = "-",
+                 shown: bool = True) -> Verdict:
+    """A demonstration's verdict: a setup built to show a mechanism (e.g. planted outliers).
+    `shown` False (the mechanism did not appear) gives inconclusive: a demonstration decides
+    nothing either way."""
+    return Verdict(prediction.claim, DEMONSTRATED if shown else INCONCLUSIVE, reason, prediction,
+                   quantities(evidence), tolerance, DEMONSTRATION)
 
 
 def distance_from_range(x: float, lo: float, hi: float) -> float:
