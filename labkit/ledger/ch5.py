@@ -230,16 +230,15 @@ def measure_c16(model: Any, capacity_rps: float, *, max_batch: int = 8, backlog:
 
 
 def run_c16(size: str = "smoke", device: Any = None) -> Verdict:
-    import torch
-
+    from labkit.bench.core import threads
     from labkit.model import load_tiny
 
-    torch.set_num_threads(1)
-    model = load_tiny()
-    backlog, n = (48, 40) if size == "smoke" else (160, 200)
-    cap = engine_capacity(model)
-    pred = predict_c16(cap, 0.3 * cap, backlog, 48.0, 8, INTERACTIVE_OUT)
-    m = measure_c16(model, cap, backlog=backlog, interactive=n)
+    with threads(1):  # the engine's steps on one thread; the caller's setting comes back after
+        model = load_tiny()
+        backlog, n = (48, 40) if size == "smoke" else (160, 200)
+        cap = engine_capacity(model)
+        pred = predict_c16(cap, 0.3 * cap, backlog, 48.0, 8, INTERACTIVE_OUT)
+        m = measure_c16(model, cap, backlog=backlog, interactive=n)
     return judge_c16(pred, m["alone"], m["fifo"], m["priority"], m["offline_done_fifo"], m["offline_done_priority"])
 
 
@@ -349,11 +348,11 @@ def c17_measure(setup: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_c17(size: str = "smoke", device: Any = None) -> Verdict:
-    import torch
+    from labkit.bench.core import threads
 
-    torch.set_num_threads(1)
-    pred, setup = c17_setup(size)
-    m = c17_measure(setup)
+    with threads(1):  # the caller's thread count comes back after
+        pred, setup = c17_setup(size)
+        m = c17_measure(setup)
     return judge_c17(pred, m["growth"], m["paged"], m["max_len"], m["int8"], m["model"])
 
 
