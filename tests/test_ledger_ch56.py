@@ -145,3 +145,40 @@ def test_c20_holds_fails_and_inconclusive():
     assert ch6.judge_c20(p, closed, "concurrency").outcome == HOLDS
     with pytest.raises(ValueError, match="axis"):
         ch6.judge_c20(p, closed, "users")
+
+
+# ------------------------------------------------------------------------------- C19/C20 runs
+@pytest.fixture
+def fixed_cost(monkeypatch):
+    """A step-cost model like the one fitted on a 2-core VM, without timing anything."""
+    from labkit.sim.cost import LinearCost
+
+    cost = LinearCost(base=0.0021, per_seq=0.0, per_prefill_token=4.5e-05, per_context_token=5.0e-06)
+    monkeypatch.setattr(ch5, "calibrated_cost", lambda: cost)
+    return cost
+
+
+def test_c19_c20_are_measured_on_the_server_and_simulated_only_when_it_cannot_start(monkeypatch, fixed_cost):
+    # numbers of a smoke run on the real server (2-core VM): mean -25 %, p99 +12 %
+    monkeypatch.setattr(ch6, "c19_real", lambda specs, device="cpu": {"mean": -0.248, "p99": 0.121, "p50": -0.246})
+    v = ch6.run_c19("smoke")
+    assert (v.outcome, v.evidence_kind) == (HOLDS, "measured here")
+    monkeypatch.setattr(ch6, "c19_real", lambda specs, device="cpu": {"mean": -0.25, "p99": -0.22, "p50": -0.3})
+    assert ch6.run_c19("smoke").outcome == FAILS
+
+    def no_server(*a, **k):
+        raise RuntimeError("labkit serve exited with 1 during start-up")
+    monkeypatch.setattr(ch6, "c19_real", no_server)
+    v = ch6.run_c19("smoke")
+    assert (v.outcome, v.evidence_kind) == (INCONCLUSIVE, "simulated") and "simulated" in v.reason
+    monkeypatch.setattr(ch6, "c20_real", no_server)
+    v = ch6.run_c20("smoke")
+    assert (v.outcome, v.evidence_kind, v.label) == (INCONCLUSIVE, "simulated", "inconclusive (simulated)")
+    # a smoke sweep of the real server (2-core VM): the knee at 16 users, but at 4-8 users
+    # throughput grew at only ~half the linear rate: does not hold
+    rows = [{"concurrency": c, "throughput_rps": t, "e2e": {"p99": p}}
+            for c, t, p in ((1, 7.9, 0.166), (2, 14.5, 0.18), (4, 17.0, 0.26), (8, 32.8, 0.31),
+                            (16, 39.6, 0.421), (32, 52.2, 0.70))]
+    monkeypatch.setattr(ch6, "c20_real", lambda P, device="cpu": rows)
+    v = ch6.run_c20("smoke")
+    assert (v.outcome, v.evidence_kind) == (FAILS, "measured here")
