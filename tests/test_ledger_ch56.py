@@ -36,25 +36,39 @@ def test_c16_holds_and_fails():
 
 
 # ------------------------------------------------------------------------------- C17
+def _alloc(per_token, batches=(1, 4, 16), lengths=(102, 202, 402), reserve=None):
+    """Storage a cache of `per_token` B/token allocates: the tokens plus one spare slot and an
+    int64 length per sequence (what labkit's KVCache holds), or `reserve` slots whatever the length."""
+    return [(b, t, b * (per_token * ((reserve or t) + 1) + 8)) for b in batches for t in lengths]
+
+
 def test_c17_holds_and_fails():
     p = ch5.predict_c17(4096, 1152, 20, 4)
-    lin = [(b, t, 4096 * b * (-(-t // 16)) * 16) for b in (1, 4, 16) for t in (100, 200, 400)]
+    lin = _alloc(4096)
     assert ch5.judge_c17(p, lin, 20, 4, 30, 10).outcome == HOLDS
-    quad = [(b, t, 4096 * (b * t) ** 2 // 1000) for b in (1, 4, 16) for t in (100, 200, 400)]
-    assert ch5.judge_c17(p, quad, 20, 4, 30, 10).outcome == FAILS
+    assert ch5.judge_c17(p, lin, 20, 4, 30, 10, _alloc(1152)).outcome == HOLDS
+    # a cache that reserves the model's whole context per sequence does not grow with length
+    assert ch5.judge_c17(p, _alloc(4096, reserve=1024), 20, 4, 30, 10).outcome == FAILS
+    assert ch5.judge_c17(p, _alloc(8192), 20, 4, 30, 10).outcome == FAILS      # twice the calculator's bytes
     assert ch5.judge_c17(p, lin, 4, 4, 30, 10).outcome == FAILS      # paging fit no more
     assert ch5.judge_c17(p, lin, 20, 4, 10, 10).outcome == FAILS     # int8 fit no more
-    fixed = [(b, t, 4096 * b * t + 50_000_000) for b, t, _ in lin]   # a fixed part hidden in "growth"
+    assert ch5.judge_c17(p, lin, 20, 4, 30, 10, _alloc(2 * 1024 + 128)).outcome == FAILS  # codes kept as fp16
+    fixed = [(b, t, n + 50_000_000) for b, t, n in lin]   # a fixed part hidden in "growth"
     assert ch5.judge_c17(p, fixed, 20, 4).outcome == FAILS
 
 
-def test_kv_growth_on_the_engine_is_measured(one_thread):
+def test_kv_growth_is_read_from_the_cache_generate_allocates(one_thread):
     from labkit.model import Transformer
+    from labkit.model.kv_memory import kv_bytes_per_token
 
     model = Transformer.from_preset("tiny")
-    rows = ch5.measure_kv_growth(model, batches=(1, 3), lengths=(20, 50))
-    per_block = rows[0][2] / 2  # 20 (+ room) tokens -> 2 blocks of 16
-    assert [n for *_, n in rows] == [per_block * k for k in (2, 4, 6, 12)]
+    for kv in ("model", "int8"):
+        per = kv_bytes_per_token(model.config, model.dtype if kv == "model" else "int8")
+        rows = ch5.measure_kv_growth(model, batches=(1, 3), lengths=(20, 50), new_tokens=2, kv_dtype=kv)
+        assert [(b, t) for b, t, _ in rows] == [(1, 22), (1, 52), (3, 22), (3, 52)]
+        # generate sizes the cache to prompt + new tokens, plus one spare slot and a length per sequence
+        assert [n for *_, n in rows] == [b * (per * (t + 1) + 8) for b, t, _ in rows]
+    assert "new_cache" not in vars(model)  # the capture is undone
 
 
 # ------------------------------------------------------------------------------- C18

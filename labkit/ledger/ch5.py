@@ -3,9 +3,10 @@
 C15 times decode steps of the tiny decoder and runs static vs continuous batching on the
 simulator calibrated on this machine (notebook 08: on the real server). C16 drives the
 real engine in process (no HTTP) with a backlog of offline jobs and interactive requests
-at a rate the interactive class alone fits, FIFO vs priority. C17 reads the engine's block
-manager (blocks in use x the pool's bytes per block) as sequences and lengths grow, and
-counts the sequences that fit (paged vs max-length reservation, int8 vs the model dtype).
+at a rate the interactive class alone fits, FIFO vs priority. C17 measures the tensor
+storage of the KV cache `generate` allocates as sequences and lengths grow (model dtype and
+int8) and fits it against the calculator's bytes per token, and counts the sequences the
+engine fits (paged vs max-length reservation, int8 vs the model dtype).
 C18 picks a cosine threshold on the labelled pairs and tests it on the held-out pairs.
 """
 
@@ -243,26 +244,46 @@ def run_c16(size: str = "smoke", device: Any = None) -> Verdict:
 
 
 # ------------------------------------------------------------------------------- C17
-def measure_kv_growth(model: Any, batches: Sequence[int] = (1, 4, 16), lengths: Sequence[int] = (100, 200, 400),
-                      block_size: int = 16) -> list[tuple[int, int, int]]:
-    """(batch, tokens per sequence, KV bytes allocated): the engine's blocks in use after
-    prefilling `batch` prompts of `length` tokens, times the pool's bytes per block (its
-    tensors' bytes / its blocks, the padding sink included)."""
+def allocated_bytes(cache: Any) -> int:
+    """Bytes of tensor storage a KV cache object holds: every tensor attribute's storage,
+    each storage counted once (views share one), read from the storages themselves."""
     import torch
 
-    from labkit.serve.engine import Engine, EngineConfig
+    seen: dict[int, int] = {}
+    for t in vars(cache).values():
+        if isinstance(t, torch.Tensor):
+            st = t.untyped_storage()
+            seen[st.data_ptr()] = st.nbytes()
+    return sum(seen.values())
+
+
+def measure_kv_growth(model: Any, batches: Sequence[int] = (1, 4, 16), lengths: Sequence[int] = (100, 200, 400),
+                      new_tokens: int = 2, kv_dtype: str = "model") -> list[tuple[int, int, int]]:
+    """(batch, tokens per sequence, KV bytes allocated): `labkit.model.generate` of `batch`
+    prompts of `length` tokens plus `new_tokens`, the cache it allocated captured (its own
+    sizing, `kv_dtype` "model" or "int8") and its tensor storage measured (`allocated_bytes`).
+    Nothing here computes bytes from a formula: the calculator is what the judge compares with."""
+    import torch
+
+    from labkit.model.generate import generate
 
     gen = torch.Generator().manual_seed(0)
     rows = []
+    own = model.new_cache
     for b in batches:
         for t in lengths:
-            blocks = b * (-(-(t + 2) // block_size)) + 1
-            eng = Engine(model, EngineConfig(max_batch=b, max_queue=b + 1, block_size=block_size, kv_blocks=blocks,
-                                             max_model_len=t + 8, watermark=0.0))
-            for _ in range(b):
-                eng.submit(torch.randint(0, model.config.vocab_size, (t,), generator=gen).tolist(), 2, ignore_eos=True)
-            eng.step()  # admits and prefills all of them
-            rows.append((b, t, int(eng.kv.used * eng.pool.nbytes / (eng.pool.n_blocks + 1))))
+            made: list[Any] = []
+
+            def capture(*a: Any, **k: Any) -> Any:  # the cache generate sizes for itself
+                made.append(own(*a, **{**k, "kv_dtype": kv_dtype}))
+                return made[-1]
+            model.new_cache = capture
+            try:
+                generate(model, torch.randint(0, model.config.vocab_size, (b, t), generator=gen),
+                         max_new_tokens=new_tokens)
+            finally:
+                del model.new_cache  # the class's method again
+            rows.append((b, t + new_tokens, sum(allocated_bytes(c) for c in made)))
     return rows
 
 
@@ -287,21 +308,31 @@ def predict_c17(bytes_per_token: int, int8_bytes_per_token: int, paged_conc: flo
 
 
 def judge_c17(prediction: Prediction, growth: Sequence[tuple[int, int, int]], paged_peak: int, maxlen_peak: int,
-              int8_peak: int | None = None, model_peak: int | None = None) -> Verdict:
-    """`growth`: (batch, tokens per sequence, bytes) measured; peak running sequences at one
-    budget: paged vs max-length reservation, int8 vs model-dtype KV (None: not measured)."""
+              int8_peak: int | None = None, model_peak: int | None = None,
+              int8_growth: Sequence[tuple[int, int, int]] | None = None) -> Verdict:
+    """`growth`: (batch, tokens per sequence, bytes allocated) measured (`measure_kv_growth`);
+    peak running sequences at one budget: paged vs max-length reservation, int8 vs model-dtype
+    KV (None: not measured); `int8_growth`: the same growth with an int8 cache (optional), its
+    slope judged against the calculator's int8 bytes per token."""
     fit = linear_fit([b * t for b, t, _ in growth], [n for *_, n in growth])
     want = prediction.values["bytes/token"].value
     slope_dev = fit["slope"] / want - 1
     paging = paged_peak / max(maxlen_peak, 1)
-    ev: dict[str, Any] = {"fitted slope": (fit["slope"], "B/token"), "R^2": (fit["r2"], ""),
-                          "max deviation from fit": (100 * fit["max_dev"], "%"),
+    ev: dict[str, Any] = {"fitted slope": (fit["slope"], "B/token"), "calculator": (want, "B/token"),
+                          "R^2": (fit["r2"], ""), "max deviation from fit": (100 * fit["max_dev"], "%"),
                           "paged / max-len sequences": (paging, "x")}
     problems = []
     if fit["r2"] < R2 or fit["max_dev"] > DEV:
         problems.append(f"KV bytes are not linear in tokens (R^2 {fit['r2']:.3f}, worst {100 * fit['max_dev']:.0f}%)")
     if abs(slope_dev) > DEV:
         problems.append(f"slope {fit['slope']:.0f} B/token is {100 * slope_dev:+.0f}% off the model's {want:.0f}")
+    if int8_growth:
+        fit8 = linear_fit([b * t for b, t, _ in int8_growth], [n for *_, n in int8_growth])
+        want8 = prediction.values["int8 bytes/token"].value
+        ev["int8 fitted slope"] = (fit8["slope"], "B/token")
+        if abs(fit8["slope"] / want8 - 1) > DEV or fit8["r2"] < R2:
+            problems.append(f"the int8 cache took {fit8['slope']:.0f} B/token (R^2 {fit8['r2']:.3f}), not the "
+                            f"calculator's {want8:.0f}")
     if paging < MORE:
         problems.append(f"paged blocks fit only {paging:.2f}x the sequences")
     if int8_peak is not None and model_peak:
@@ -339,7 +370,7 @@ def c17_measure(setup: dict[str, Any]) -> dict[str, Any]:
     from labkit.serve import kv_bench as kb
 
     model, budget = setup["model"], setup["budget"]
-    out: dict[str, Any] = {"growth": measure_kv_growth(model)}
+    out: dict[str, Any] = {"growth": measure_kv_growth(model), "int8_growth": measure_kv_growth(model, kv_dtype="int8")}
     for name, wl, kw in (("paged", setup["wl"], {"kv_reserve": "on_demand"}),
                          ("max_len", setup["wl"], {"kv_reserve": "max_len"}),
                          ("int8", setup["wl8"], {"kv_dtype": "int8"}), ("model", setup["wl8"], {"kv_dtype": "model"})):
@@ -353,7 +384,7 @@ def run_c17(size: str = "smoke", device: Any = None) -> Verdict:
     with threads(1):  # the caller's thread count comes back after
         pred, setup = c17_setup(size)
         m = c17_measure(setup)
-    return judge_c17(pred, m["growth"], m["paged"], m["max_len"], m["int8"], m["model"])
+    return judge_c17(pred, m["growth"], m["paged"], m["max_len"], m["int8"], m["model"], m["int8_growth"])
 
 
 # ------------------------------------------------------------------------------- C18

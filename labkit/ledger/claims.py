@@ -117,8 +117,9 @@ CLAIMS: dict[str, Claim] = {c.id: c for c in [
        "alone fits", "ch5"),
     _c("C17", 5, "KV cache grows with sequence length x concurrency; quantized KV and paged blocks fit more "
        "requests.", "06_batching 07_kv_and_result_cache",
-       "the engine's allocated KV memory measured as sequences and length grow; sequences that fit paged "
-       "vs max-length, int8 vs model dtype", "ch5"),
+       "tensor storage of the KV cache generate allocates, measured as sequences and length grow (model "
+       "dtype and int8) and fitted against the calculator; sequences the engine fits paged vs max-length, int8 vs "
+       "model dtype", "ch5"),
     _c("C18", 5, "A semantic result cache removes repeated work.", "07_kv_and_result_cache",
        "a threshold chosen on labelled pairs must give non-identical paraphrase hits at >= 99 % precision "
        "on held-out pairs", "ch5"),
