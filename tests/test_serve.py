@@ -344,10 +344,13 @@ SERVER = dict(preset="tiny", policy="continuous", port=0, max_batch=8, max_queue
               max_model_len=256, threads=1, drain_s=2.0)
 
 
-@pytest.fixture(scope="module")
-def server():
+ENGINES = ["proc", "inproc"]  # the engine in its own process (default), or a thread of the server's
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def server(request):
     t0 = time.monotonic()
-    with start_server(ServerConfig(**SERVER)) as srv:
+    with start_server(ServerConfig(**SERVER, engine=request.param)) as srv:
         srv.start_s = time.monotonic() - t0
         yield srv
 
@@ -499,12 +502,12 @@ def second_server():
         yield srv
 
 
-@pytest.fixture(scope="module")
-def draining_server():
+@pytest.fixture(scope="module", params=ENGINES)
+def draining_server(request):
     """Static batches of 4 that wait an hour to fill, and no drain: whether a request is
     finished or cut at SIGTERM is then set by these time parameters, not by how fast this
     CPU decodes (a batch of 3 can never start; one of 4 starts at once)."""
-    cfg = dict(SERVER, policy="static", max_batch=4, max_wait=3600.0, drain_s=0.0)
+    cfg = dict(SERVER, policy="static", max_batch=4, max_wait=3600.0, drain_s=0.0, engine=request.param)
     with start_server(ServerConfig(**cfg)) as srv:
         yield srv
 
@@ -539,11 +542,11 @@ def _wait_for(predicate, timeout_s: float = 30.0, what: str = "condition") -> No
         time.sleep(0.02)
 
 
-@pytest.fixture(scope="module")
-def full_queue_server():
+@pytest.fixture(scope="module", params=ENGINES)
+def full_queue_server(request):
     """Static batches of 8 that wait an hour to fill, but room for only 4 waiting requests:
     the queue fills and stays full, on any CPU."""
-    cfg = dict(SERVER, policy="static", max_batch=8, max_queue=4, max_wait=3600.0, drain_s=0.0)
+    cfg = dict(SERVER, policy="static", max_batch=8, max_queue=4, max_wait=3600.0, drain_s=0.0, engine=request.param)
     with start_server(ServerConfig(**cfg)) as srv:
         yield srv
 
@@ -623,13 +626,14 @@ def test_graceful_shutdown_ends_every_request(draining_server):
 
 
 
-def test_a_non_streaming_client_that_hangs_up_is_cancelled():
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_non_streaming_client_that_hangs_up_is_cancelled(engine):
     """A whole-answer request whose client closes the connection is cancelled (499 path) and
     leaves nothing waiting. Its batch can never start (static batches of 2 that wait an hour),
     so the hang-up, not this CPU's speed, ends it."""
     import socket
 
-    cfg = dict(SERVER, policy="static", max_batch=2, max_wait=3600.0, drain_s=0.0)
+    cfg = dict(SERVER, policy="static", max_batch=2, max_wait=3600.0, drain_s=0.0, engine=engine)
     with start_server(ServerConfig(**cfg)) as srv:
         body = json.dumps({"prompt": "Once upon a time", "max_tokens": 8}).encode()
         sock = socket.create_connection(("127.0.0.1", srv.port))
@@ -645,3 +649,85 @@ def test_a_non_streaming_client_that_hangs_up_is_cancelled():
         while cancelled() < 1 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert cancelled() == 1 and gauge("vllm:num_requests_waiting") == 0
+
+
+# ====================================================================== the engine core process
+
+def _core_of(srv):
+    """The engine core child of a `labkit serve` process (psutil.Process)."""
+    import psutil
+
+    kids = [c for c in psutil.Process(srv.proc.pid).children() if "spawn_main" in " ".join(c.cmdline())]
+    assert len(kids) == 1, [c.cmdline() for c in psutil.Process(srv.proc.pid).children()]
+    return kids[0]
+
+
+def _alive(procs) -> list:
+    """Those of `procs` still running (a zombie nobody reaped has ended)."""
+    import psutil
+
+    out = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def test_the_engine_core_never_outlives_the_server():
+    """SIGKILL the server process (no shutdown code runs): its engine core process, and every
+    other process it started, are gone within seconds."""
+    import psutil
+
+    srv = start_server(ServerConfig(**SERVER))
+    try:
+        core = _core_of(srv)
+        family = psutil.Process(srv.proc.pid).children(recursive=True)
+        assert core in family and _alive([core])
+        srv.proc.kill()
+        srv.proc.wait(10)
+        deadline = time.monotonic() + 20
+        while _alive(family) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(family), [p.cmdline() for p in _alive(family)]
+    finally:
+        srv.stop()
+
+
+def test_a_crashed_engine_core_is_answered_with_its_cause_never_a_hang():
+    """Requests wait in a static batch that never fills; the engine core is killed. The stream
+    gets an error event naming the cause, the whole-answer request a 500 naming it, a new
+    request 503 naming it, /health 503; the server still stops cleanly."""
+    import signal as sig
+
+    cfg = dict(SERVER, policy="static", max_batch=4, max_wait=3600.0, drain_s=0.0)
+    with start_server(ServerConfig(**cfg)) as srv:
+        core = _core_of(srv)
+        accepted = 'labkit_requests_total{status="accepted"}'
+
+        async def clients():
+            async with httpx.AsyncClient(timeout=30) as c:
+                async def stream():
+                    async with c.stream("POST", srv.url + "/v1/completions",
+                                        json={"prompt": "Hi", "max_tokens": 4, "stream": True}) as r:
+                        return r.status_code, [line async for line in r.aiter_lines() if line.startswith("data: ")]
+                waiting = [asyncio.ensure_future(stream()),
+                           asyncio.ensure_future(c.post(srv.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 4}))]
+                await asyncio.to_thread(_wait_for, lambda: srv.metrics()[accepted] >= 2, 30.0, "2 accepted requests")
+                core.send_signal(sig.SIGKILL)
+                return await asyncio.gather(*waiting)
+
+        (status, lines), whole = asyncio.run(clients())
+        assert status == 200 and lines[-1] == "data: [DONE]"
+        err = json.loads(lines[-2][6:])["error"]["message"]
+        assert "engine core process" in err and "SIGKILL" in err, err
+        assert whole.status_code == 500 and "SIGKILL" in whole.json()["error"]["message"], whole.text
+        after = httpx.post(srv.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 4}, timeout=30)
+        assert after.status_code == 503 and "engine core process" in after.json()["error"]["message"], after.text
+        health = httpx.get(srv.url + "/health", timeout=30)
+        assert health.status_code == 503 and "SIGKILL" in health.json()["error"]
+        m = srv.metrics()
+        assert m['labkit_requests_total{status="error"}'] == 2
+        assert srv.stop() == 0

@@ -127,6 +127,8 @@ def create_app(service: Service) -> FastAPI:
 
     @app.get("/health")
     async def health() -> JSONResponse:
+        if engine.failure:  # the engine core process died (labkit.serve.core): say why
+            return JSONResponse({"status": "engine failed", "error": engine.failure}, status_code=503)
         if engine.closing:
             return JSONResponse({"status": "shutting down"}, status_code=503)
         return JSONResponse({"status": "ok"})

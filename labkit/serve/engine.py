@@ -181,6 +181,40 @@ class Request:
                 f"reason={self.finish_reason})")
 
 
+def check_request(prompt_ids: Sequence[int], max_tokens: int | None, vocab: int, limit: int,
+                  kv: BlockManager) -> list[int]:
+    """`prompt_ids` as a list if a model of `vocab` tokens with context `limit` (max_model_len)
+    and the KV pool `kv` can serve them with up to `max_tokens` new tokens (None: the prompt
+    alone, leaving room for 1 token), else InvalidRequest naming the field. The one check of
+    the in-process engine and of the API process in front of an engine core process."""
+    ids = [int(t) for t in prompt_ids]
+    if not ids:
+        raise InvalidRequest("prompt must hold at least 1 token", "prompt")
+    if min(ids) < 0 or max(ids) >= vocab:
+        raise InvalidRequest(f"prompt token ids must lie in [0, {vocab}), got {min(ids)}..{max(ids)}", "prompt")
+    if len(ids) >= limit:
+        raise InvalidRequest(f"prompt of {len(ids)} tokens is too long: at most {limit - 1} tokens allowed "
+                             f"(max_model_len {limit} includes the output)", "prompt")
+    if max_tokens is None:
+        return ids
+    if not (isinstance(max_tokens, int) and 1 <= max_tokens <= limit - len(ids)):
+        raise InvalidRequest(f"max_tokens={max_tokens!r} not allowed for a {len(ids)}-token prompt: "
+                             f"allowed 1..{limit - len(ids)} (max_model_len {limit})", "max_tokens")
+    why = kv.why_never_fits(len(ids) + max_tokens)
+    if why:
+        raise InvalidRequest(f"max_tokens={max_tokens} with a {len(ids)}-token prompt cannot fit the KV "
+                             f"cache: {why}", "max_tokens")
+    return ids
+
+
+def sampling_params(temperature: float, top_p: float, top_k: int) -> SamplingParams:
+    """The request's `SamplingParams`, or InvalidRequest naming the bad argument."""
+    try:
+        return SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
+    except ValueError as e:  # its message starts with the argument: "top_p=1.5 must lie in (0, 1]"
+        raise InvalidRequest(str(e), str(e).partition("=")[0]) from e
+
+
 class Engine:
     """Continuous-batching engine over `model` (a `labkit.model.Transformer`)."""
 
@@ -215,6 +249,7 @@ class Engine:
         self._closing = False
         self._deadline = math.inf
         self._thread: threading.Thread | None = None
+        self.failure: str | None = None  # why this engine can serve no more (None: it can); see labkit.serve.core
 
     # ================================================================ any thread
     def submit(self, prompt_ids: Sequence[int], max_tokens: int, *, temperature: float = 0.0, top_p: float = 1.0,
@@ -226,10 +261,7 @@ class Engine:
         when `max_queue` requests already wait, EngineClosed while shutting down. `arrival`
         (time.monotonic() s) defaults to now; `tag` is carried along for the caller."""
         ids = self.check(prompt_ids, max_tokens)
-        try:
-            sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
-        except ValueError as e:  # its message starts with the argument: "top_p=1.5 must lie in (0, 1]"
-            raise InvalidRequest(str(e), str(e).partition("=")[0]) from e
+        sampling = sampling_params(temperature, top_p, top_k)
         with self._lock:
             if self._closing:
                 raise EngineClosed("the server is shutting down")
@@ -252,26 +284,7 @@ class Engine:
     def check(self, prompt_ids: Sequence[int], max_tokens: int | None) -> list[int]:
         """`prompt_ids` as a list if this engine can serve them with up to `max_tokens` new tokens
         (None: the prompt alone, leaving room for 1 token), else InvalidRequest naming the field."""
-        ids = [int(t) for t in prompt_ids]
-        limit = self.cfg.max_model_len
-        if not ids:
-            raise InvalidRequest("prompt must hold at least 1 token", "prompt")
-        if min(ids) < 0 or max(ids) >= self.vocab:
-            raise InvalidRequest(f"prompt token ids must lie in [0, {self.vocab}), got {min(ids)}..{max(ids)}",
-                                 "prompt")
-        if len(ids) >= limit:
-            raise InvalidRequest(f"prompt of {len(ids)} tokens is too long: at most {limit - 1} tokens allowed "
-                                 f"(max_model_len {limit} includes the output)", "prompt")
-        if max_tokens is None:
-            return ids
-        if not (isinstance(max_tokens, int) and 1 <= max_tokens <= limit - len(ids)):
-            raise InvalidRequest(f"max_tokens={max_tokens!r} not allowed for a {len(ids)}-token prompt: "
-                                 f"allowed 1..{limit - len(ids)} (max_model_len {limit})", "max_tokens")
-        why = self.kv.why_never_fits(len(ids) + max_tokens)
-        if why:
-            raise InvalidRequest(f"max_tokens={max_tokens} with a {len(ids)}-token prompt cannot fit the KV "
-                                 f"cache: {why}", "max_tokens")
-        return ids
+        return check_request(prompt_ids, max_tokens, self.vocab, self.cfg.max_model_len, self.kv)
 
     def cancel(self, req: Request, reason: str = "cancelled") -> None:
         """Stop `req` (the client went away; or "stop": a stop string ended it, which counts as
@@ -352,6 +365,22 @@ class Engine:
                 self._finish(r, r.finish_reason)
         self._flush()
         return bool(rows)
+
+    def safe_step(self) -> bool:
+        """`step()`, but a scheduling bug fails the requests in flight instead of stopping the
+        loop that calls it (the engine thread, or the engine core process)."""
+        try:
+            return self.step()
+        except Exception:
+            log.error("engine step failed: %s", traceback.format_exc())
+            self._abort_all("internal engine error")
+            self._flush()
+            return False
+
+    @property
+    def idle(self) -> bool:
+        """Nothing waits or runs."""
+        return not (self._inbox or self.running or self.policy.waiting)
 
     def run_until_idle(self, max_steps: int = 1_000_000) -> int:
         """Step until nothing waits or runs (in this thread); returns the steps run."""
@@ -539,13 +568,7 @@ class Engine:
             if threads:
                 torch.set_num_threads(threads)
             while True:
-                try:
-                    worked = self.step()
-                except Exception:  # a scheduling bug must not strand requests: fail them, go on
-                    log.error("engine step failed: %s", traceback.format_exc())
-                    self._abort_all("internal engine error")
-                    self._flush()
-                    worked = False
+                worked = self.safe_step()
                 with self._lock:
                     idle = not (self.running or self.policy.waiting or self._inbox)
                     if self._closing and idle and not self._cancels:

@@ -118,6 +118,30 @@ class Metrics:
                 if v is not None and math.isfinite(v):
                     self.hist[key].observe(v)
 
+    def snapshot(self) -> dict:
+        """Every counter and histogram, as plain data (what an engine core process sends the API
+        process with its step outputs; `plus` adds it back)."""
+        with self._lock:
+            return {"requests": dict(self.requests), "counters": dict(self.counters), "success": dict(self.success),
+                    "hist": {k: (list(h.counts), h.sum, h.count) for k, h in self.hist.items()}}
+
+    def plus(self, snap: dict | None) -> "Metrics":
+        """A new `Metrics` holding this one's values plus `snap`'s (a `snapshot()`; None: nothing)."""
+        out = Metrics(self.model_name)
+        for part in (self.snapshot(), snap):
+            if not part:
+                continue
+            for key in ("requests", "counters", "success"):
+                mine = getattr(out, key)
+                for k, v in part[key].items():
+                    mine[k] = mine.get(k, 0) + v
+            for k, (counts, total, n) in part["hist"].items():
+                h = out.hist[k]
+                h.counts = [a + b for a, b in zip(h.counts, counts)]
+                h.sum += total
+                h.count += n
+        return out
+
     def render(self, gauges: dict[str, float]) -> str:
         """The Prometheus text exposition of everything, with `gauges` (name -> value) read now;
         names in GAUGES get vLLM's name, the rest labkit_<name>."""
@@ -143,6 +167,19 @@ class Metrics:
 
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*(?:\{[^}]*\})?)\s+(\S+)$")
+
+
+class SplitMetrics(Metrics):
+    """The API process's own counts (rejected, invalid, cache hits, pre-processing) plus the latest
+    `snapshot()` of the engine core process's (`remote`, replaced whole with each step's output),
+    rendered as one set."""
+
+    def __init__(self, model_name: str = "") -> None:
+        super().__init__(model_name)
+        self.remote: dict | None = None
+
+    def render(self, gauges: dict[str, float]) -> str:
+        return self.plus(self.remote).render(gauges)
 
 
 def parse_prometheus(text: str) -> dict[str, float]:

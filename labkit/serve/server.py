@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from labkit.paths import REPO, TINY
+from labkit.serve.core import ENGINE_MODES
 from labkit.serve.engine import Engine, EngineConfig, EngineSettings, setting
 from labkit.serve.metrics import parse_prometheus
 from labkit.serve.preprocess import IMPLEMENTATIONS, StageConfig
@@ -67,11 +68,16 @@ class ServerConfig(EngineSettings):
                               choices=IMPLEMENTATIONS)
     rerank_k: int = setting(4, "pre-processing: BM25 candidates the reranker scores with the model")
     stage_workers: int = setting(0, "pre-processing: worker threads that run the stage (0 = one per core)")
+    engine: str = setting("proc", "where the engine steps: proc (its own process, as vLLM's EngineCore: the HTTP "
+                          "side and the engine each get an interpreter lock) | inproc (a thread of the server "
+                          "process, sharing its lock)", choices=ENGINE_MODES)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.cache is not None and self.cache not in CACHES:
             raise ValueError(f"cache {self.cache!r} unknown; choose None or one of {', '.join(CACHES)}")
+        if self.engine not in ENGINE_MODES:
+            raise ValueError(f"engine {self.engine!r} unknown; choose one of {', '.join(ENGINE_MODES)}")
         StageConfig(self.preprocess, rerank_k=self.rerank_k, workers=self.stage_workers)  # raises naming the choices
         if not (isinstance(self.port, int) and 0 <= self.port <= 65535):
             raise ValueError(f"port must be an integer in 0..65535 (0 = any free port), got {self.port!r}")
@@ -122,25 +128,41 @@ def trained_context() -> int | None:
         return None
 
 
+def check_model(model: Any, preset: str, max_model_len: int) -> None:
+    """ValueError if `model` cannot serve `max_model_len` tokens; a note if the tiny checkpoint was
+    trained on fewer."""
+    if max_model_len > model.config.max_seq_len:
+        raise ValueError(f"max_model_len {max_model_len} exceeds the {preset} model's context "
+                         f"({model.config.max_seq_len} tokens); allowed 1..{model.config.max_seq_len}")
+    ctx = trained_context() if preset == "tiny" else None
+    if ctx and max_model_len > ctx:
+        print(f"labkit serve: max_model_len {max_model_len} is past the {ctx}-token context the tiny "
+              "checkpoint was trained at; RoPE runs there, but text quality drops", flush=True)
+
+
 def build(cfg: ServerConfig):
-    """Model, tokenizer, engine, service and FastAPI app for `cfg` (the engine not started)."""
+    """Model, tokenizer, engine, service and FastAPI app for `cfg` (the engine not started; with
+    `engine="proc"` its process is started and warm, `labkit.serve.core`)."""
     from labkit.serve.app import Service, create_app
     from labkit.tokenizer import load_tokenizer
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    model = load_model(cfg.preset, cfg.device)
-    if cfg.max_model_len > model.config.max_seq_len:
-        raise ValueError(f"max_model_len {cfg.max_model_len} exceeds the {cfg.preset} model's context "
-                         f"({model.config.max_seq_len} tokens); allowed 1..{model.config.max_seq_len}")
-    ctx = trained_context() if cfg.preset == "tiny" else None
-    if ctx and cfg.max_model_len > ctx:
-        print(f"labkit serve: max_model_len {cfg.max_model_len} is past the {ctx}-token context the tiny "
-              "checkpoint was trained at; RoPE runs there, but text quality drops", flush=True)
     tok = load_tokenizer()
-    if tok.vocab_size > model.config.vocab_size:
-        raise ValueError(f"tokenizer vocab {tok.vocab_size} > model vocab {model.config.vocab_size}")
-    engine = Engine(model, cfg.engine_config(tok.eos_id))
+    if cfg.engine == "proc":
+        from labkit.serve.core import CoreSpec, EngineProc
+
+        engine = EngineProc(CoreSpec(cfg.preset, cfg.device, cfg.threads, cfg.engine_config(tok.eos_id),
+                                     cfg.log_level, getattr(cfg, "quantize", None)))
+        # The stage's reranker runs the model here, in the server process: its own copy, loaded only then.
+        model = engine.model if cfg.preprocess != "off" else None
+    else:
+        model = load_model(cfg.preset, cfg.device)
+        check_model(model, cfg.preset, cfg.max_model_len)
+        engine = Engine(model, cfg.engine_config(tok.eos_id))
+    if tok.vocab_size > engine.vocab:
+        engine.shutdown(0.0)
+        raise ValueError(f"tokenizer vocab {tok.vocab_size} > model vocab {engine.vocab}")
     cache = None
     if cfg.cache:
         from labkit.serve.cache import make_cache
@@ -198,9 +220,10 @@ def run(cfg: ServerConfig, port_file: str | None = None) -> int:
                                    timeout_graceful_shutdown=int(cfg.drain_s + 2), timeout_keep_alive=5))
     engine.warmup()
     engine.start(threads=cfg.threads or None)
+    where = f"engine=proc (pid {engine.pid})" if cfg.engine == "proc" else "engine=inproc"
     print(f"labkit serve: http://{cfg.host}:{port} preset={cfg.preset} policy={cfg.policy} "
           f"max_batch={cfg.max_batch} kv={engine.kv.total}x{cfg.block_size}-token blocks ({cfg.kv_dtype}, "
-          f"{cfg.kv_reserve}) threads={torch.get_num_threads()}", flush=True)
+          f"{cfg.kv_reserve}) threads={getattr(engine, 'threads', torch.get_num_threads())} {where}", flush=True)
     if port_file:
         Path(port_file).write_text(str(port))
     try:
