@@ -72,14 +72,43 @@ def test_kv_growth_is_read_from_the_cache_generate_allocates(one_thread):
 
 
 # ------------------------------------------------------------------------------- C18
+def _trace(cached_s=0.090, right=22, wrong=0, calls=112):
+    """`measure_c18_trace` figures like a smoke run's on a 2-core VM (136 requests, 34 repeats,
+    126 ms per model answer)."""
+    return {"requests": 136, "repeats": 34, "model_calls": calls, "right_hits": right, "wrong_hits": wrong,
+            "base_mean_s": 0.126, "cached_mean_s": cached_s}
+
+
 def test_c18_holds_fails_and_no_threshold():
     p = ch5.predict_c18({"threshold": 0.9, "variant": "guarded", "encoder": "x", "train_hit_rate": 0.5})
-    assert ch5.judge_c18(p, 0.9, 12, 0, 22).outcome == HOLDS
-    assert ch5.judge_c18(p, 0.9, 12, 2, 22).outcome == FAILS         # wrong answers served
-    assert ch5.judge_c18(p, 0.9, 0, 0, 22).outcome == FAILS          # no paraphrase ever reused
+    assert ch5.judge_c18(p, 0.9, 12, 0, 22, _trace()).outcome == HOLDS
+    # measured here: 22 of 34 repeats answered, but the lookups cost 4 % net for 18 % fewer calls
+    v = ch5.judge_c18(p, 0.9, 12, 0, 22, _trace(cached_s=0.120))
+    assert v.outcome == FAILS and "ate the saving" in v.reason
+    assert ch5.judge_c18(p, 0.9, 12, 0, 22, _trace(right=10, calls=124)).outcome == FAILS   # few repeats removed
+    v = ch5.judge_c18(p, 0.9, 12, 2, 22, _trace(wrong=2))
+    assert v.outcome == FAILS and "wrong answers" in v.reason                             # wrong answers served
+    assert ch5.judge_c18(p, 0.9, 12, 0, 22).outcome == INCONCLUSIVE    # precision alone is not the claim
     none = ch5.predict_c18({"threshold": None, "encoder": "x"})
     v = ch5.judge_c18(none, None, 0, 0, 22)
     assert v.outcome == FAILS and "any threshold" in v.reason
+
+
+def test_c18_trace_counts_calls_and_scores_hits():
+    from labkit.model import Transformer
+    from labkit.serve.embed import load_encoder
+    from labkit.tokenizer import load_tokenizer
+
+    pairs = [{"a": "How do I boil an egg?", "b": "how do i boil an egg", "label": "same"},
+             {"a": "How do I turn on the oven?", "b": "How do I turn off the oven?", "label": "different"},
+             {"a": "How do I boil an egg?", "b": "What is the capital of France?", "label": "different"}]
+    assert [r for _, _, r in ch5.c18_trace(pairs)] == ["first"] * 3 + ["second"] * 3
+    m = ch5.measure_c18_trace(load_encoder("ngram"), {"threshold": 0.8, "variant": "cosine"},
+                              Transformer.from_preset("tiny"), load_tokenizer(), pairs, max_new_tokens=2)
+    # the repeated first prompt and the surface repeat are right hits; "turn off" reusing "turn on"
+    # (n-gram cosine 0.82, no guard) is a wrong one
+    assert (m["requests"], m["repeats"], m["right_hits"], m["wrong_hits"], m["model_calls"]) == (6, 2, 2, 1, 3)
+    assert m["base_mean_s"] > 0 and m["cached_mean_s"] > 0
 
 
 def test_c18_measure_ignores_identical_pairs():
