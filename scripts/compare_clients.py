@@ -1,9 +1,23 @@
-"""labkit loadtest vs guidellm against one `labkit serve`: same rate, lengths and request count.
+"""labkit loadtest vs guidellm and aiperf against one `labkit serve`: same rate, lengths and request count.
 
     .venv/bin/python scripts/compare_clients.py                       # rate 4, prompt 32, output 64, 100 requests
     .venv/bin/python scripts/compare_clients.py --requests 20 --json /tmp/cmp.json
     .venv/bin/python scripts/compare_clients.py --arrival poisson --rate 8 --guidellm /path/to/guidellm
+    .venv/bin/python scripts/compare_clients.py --rate 1,2,4 --clients guidellm,aiperf   # a sweep of rates
     .venv/bin/python scripts/compare_clients.py --rounds 3 --json cmp.json     # the quiet-machine figure
+
+The clients: `pip install -e ".[clients]"` (guidellm, aiperf; pinned in pyproject.toml) into a venv
+of their own (they pin versions of pyzmq, pillow, transformers... other than the workbook's), e.g.
+/tmp/clients-venv, and the script finds them there, under /tmp/glvenv, or on PATH (--guidellm,
+--aiperf). A client that is not installed is skipped with one line.
+
+aiperf (NVIDIA's successor to genai-perf) runs ``aiperf profile --endpoint-type completions
+--streaming --request-rate R --arrival-pattern constant|poisson --request-count N --input-file
+prompts.jsonl --custom-dataset-type single_turn --use-legacy-max-tokens --extra-inputs
+ignore_eos:true --extra-inputs temperature:0 --tokenizer DIR --use-server-token-count``: the same
+prompts and lengths (each line: text, output_length). Its per-request records
+(profile_export.jsonl) give time_to_first_token, inter_token_latency ((E2E - TTFT) / (n - 1), the
+per-request mean gap, like guidellm's) and request_latency (E2E).
 
 Starts one server (`python -m labkit serve --preset tiny --port 0 --threads 1`, a process of its
 own, so neither client shares a GIL with it; or --url for a running one), warms it with a
@@ -109,18 +123,25 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_GUIDELLM = "/tmp/glvenv/bin/guidellm"
+CLIENT_VENVS = ("/tmp/clients-venv/bin", "/tmp/glvenv/bin")  # where the README's install puts them
+CLIENTS = ("guidellm", "aiperf")
 TOKENIZER = ROOT / "data" / "tiny" / "tokenizer.json"
 QS = (50, 99)
 METRICS = (("ttft", "TTFT"), ("itl", "ITL (mean gap per request)"), ("tpot", "TPOT (E2E-TTFT)/(n-1)"),
            ("e2e", "E2E"))
 
 
-def find_guidellm(path: str | None) -> str | None:
-    """The guidellm executable: --guidellm, else /tmp/glvenv/bin/guidellm, else on PATH."""
-    for cand in ([path] if path else [DEFAULT_GUIDELLM, shutil.which("guidellm")]):
+def find_client(name: str, path: str | None) -> str | None:
+    """The `name` executable (guidellm | aiperf): `path`, else in one of CLIENT_VENVS, else on PATH."""
+    for cand in ([path] if path else [*(f"{d}/{name}" for d in CLIENT_VENVS), shutil.which(name)]):
         if cand and Path(cand).is_file() and os.access(cand, os.X_OK):
             return cand
     return None
+
+
+def find_guidellm(path: str | None) -> str | None:
+    """The guidellm executable: --guidellm, else a client venv, else on PATH."""
+    return find_client("guidellm", path)
 
 
 def tokenizer_dir(tmp: Path, tokenizer_json: Path) -> Path:
@@ -244,6 +265,47 @@ def guidellm_cmd(a: argparse.Namespace, exe: str, url: str, tmp: Path, tok: Path
             "--disable-console-interactive"]
 
 
+def aiperf_prompts_file(a: argparse.Namespace, tmp: Path) -> Path:
+    """labkit loadtest's prompts as aiperf's single_turn JSON lines (text, output_length)."""
+    src = labkit_prompts_file(a, tmp)
+    path = tmp / "aiperf_prompts.jsonl"
+    path.write_text("".join(json.dumps({"text": r["prompt"], "output_length": r["output_tokens_count"]}) + "\n"
+                            for r in map(json.loads, src.read_text().splitlines())))
+    return path
+
+
+def aiperf_cmd(a: argparse.Namespace, exe: str, url: str, tmp: Path, tok: Path) -> list[str]:
+    return [exe, "profile", "--model", a.model, "--url", url, "--endpoint-type", "completions", "--streaming",
+            "--request-rate", str(a.rate), "--arrival-pattern", a.arrival, "--request-count", str(a.requests),
+            "--input-file", str(aiperf_prompts_file(a, tmp)), "--custom-dataset-type", "single_turn",
+            "--use-legacy-max-tokens", "--extra-inputs", "ignore_eos:true", "--extra-inputs", "temperature:0",
+            "--tokenizer", str(tok), "--use-server-token-count", "--random-seed", str(a.seed),
+            "--request-timeout-seconds", str(a.timeout), "--output-artifact-dir", str(tmp / "aiperf"),
+            "--ui-type", "none", "--no-auto-plot"]
+
+
+def aiperf_requests(tmp: Path) -> list[dict[str, Any]]:
+    """Per-request times (s) from aiperf's profile_export.jsonl, in the common definitions (its ITL is
+    the per-request mean gap; its TPOT is not kept: (E2E - TTFT) / (n - 1) is rebuilt from E2E)."""
+    out = []
+    files = sorted((tmp / "aiperf").rglob("profile_export.jsonl"))
+    if not files:
+        raise RuntimeError(f"aiperf wrote no profile_export.jsonl under {tmp / 'aiperf'}")
+    for line in files[0].read_text().splitlines():
+        r = json.loads(line)
+        m = {k: v.get("value") if isinstance(v, dict) else v for k, v in (r.get("metrics") or {}).items()}
+        ms = lambda k: None if m.get(k) is None else m[k] / 1e3  # noqa: E731 (aiperf reports ms)
+        n = m.get("output_sequence_length")
+        ttft, e2e = ms("time_to_first_token"), ms("request_latency")
+        ok = r.get("error") is None and ttft is not None and e2e is not None and n
+        out.append({"ok": bool(ok), "prompt_tokens": m.get("input_sequence_length"), "output_tokens": n,
+                    "chunks": n, "lag": None,
+                    **({"ttft": ttft, "itl": ms("inter_token_latency"),
+                        "tpot": (e2e - ttft) / (n - 1) if n > 1 else None, "e2e": e2e, "tail": None} if ok else {}),
+                    "error": (r.get("error") or {}).get("message") if r.get("error") else None})
+    return out
+
+
 def labkit_requests(tmp: Path) -> list[dict[str, Any]]:
     """Per-request times (s) from labkit's records, in the common definitions."""
     out = []
@@ -294,20 +356,28 @@ def stats(values: list[float | None]) -> dict[str, float | None]:
     return {"n": int(len(v)), "mean": float(v.mean()), **{f"p{q}": float(np.percentile(v, q)) for q in QS}}
 
 
-def common_table(lab: list[dict], gl: list[dict]) -> dict[str, Any]:
+def common_table(lab: list[dict], other: list[dict]) -> dict[str, Any]:
+    """Per metric: labkit's and the other client's stats, and other/labkit at p50 and p99."""
     rows = {}
     for key, _ in (*METRICS, ("tail", "tail"), ("lag", "lag")):
         ls = stats([r.get(key) for r in lab if r["ok"] or key == "lag"])
-        gs = stats([r.get(key) for r in gl if r["ok"] or key == "lag"])
-        rows[key] = {"labkit": ls, "guidellm": gs,
+        gs = stats([r.get(key) for r in other if r["ok"] or key == "lag"])
+        rows[key] = {"labkit": ls, "client": gs,
                      "ratio": {f"p{q}": (gs[f"p{q}"] / ls[f"p{q}"] if ls[f"p{q}"] and gs[f"p{q}"] is not None
                                          else None) for q in QS}}
     return rows
 
 
-def own_summaries(tmp: Path, report: dict[str, Any]) -> dict[str, Any]:
+def own_summaries(tmp: Path, report: dict[str, Any] | None) -> dict[str, Any]:
     """Each tool's own headline p50/p99 (s), as it reports them (its own definitions and estimator)."""
     s = json.loads((tmp / "labkit_summary.json").read_text())
+    own = {"labkit": {"ttft": {q: s["ttft"][q] for q in ("p50", "p99")},
+                      "itl (pooled gaps)": {q: s["itl"][q] for q in ("p50", "p99")},
+                      "tpot (E2E-TTFT)/(n-1)": {q: s["tpot"][q] for q in ("p50", "p99")},
+                      "e2e": {q: s["e2e"][q] for q in ("p50", "p99")},
+                      "throughput_rps": s["throughput_rps"], "duration_s": s["duration_s"]}}
+    if report is None:
+        return own
     m = report["benchmarks"][0]["metrics"]
 
     def gl(name: str, scale: float) -> dict[str, float]:
@@ -315,11 +385,7 @@ def own_summaries(tmp: Path, report: dict[str, Any]) -> dict[str, Any]:
         return {"p50": p["p50"] * scale, "p99": p["p99"] * scale}
 
     return {
-        "labkit": {"ttft": {q: s["ttft"][q] for q in ("p50", "p99")},
-                   "itl (pooled gaps)": {q: s["itl"][q] for q in ("p50", "p99")},
-                   "tpot (E2E-TTFT)/(n-1)": {q: s["tpot"][q] for q in ("p50", "p99")},
-                   "e2e": {q: s["e2e"][q] for q in ("p50", "p99")},
-                   "throughput_rps": s["throughput_rps"], "duration_s": s["duration_s"]},
+        **own,
         "guidellm": {"ttft": gl("time_to_first_token_ms", 1e-3),
                      "itl (mean gap per request, weighted n-1)": gl("inter_token_latency_ms", 1e-3),
                      "tpot (last_token-start)/n, weighted n": gl("time_per_output_token_ms", 1e-3),
@@ -357,24 +423,24 @@ def mean(rs: list[dict], key: str) -> float | None:
 
 def print_report(res: dict[str, Any], tol: float) -> None:
     c = res["config"]
-    print(f"\nlabkit loadtest vs guidellm {res['guidellm_version']}: {c['arrival']} {c['rate']:g} req/s, "
-          f"prompt {c['prompt_len']}, output {c['output_len']}, {c['requests']} requests per client per round, "
-          f"{c['rounds']} round(s), server {c['url']}")
+    print(f"\nlabkit loadtest vs {', '.join(f'{k} {v}' for k, v in res['versions'].items())}: {c['arrival']} "
+          f"{c['rate']:g} req/s, prompt {c['prompt_len']}, output {c['output_len']}, {c['requests']} requests per "
+          f"client per round, {c['rounds']} round(s), server {c['url']}")
     for ch in res["checks"].values():
         print(f"  {ch['client']:<8} ok {ch['ok']}/{ch['requests']}, prompt tokens {ch['prompt_tokens']}, output "
               f"tokens {ch['output_tokens']}, token chunks {ch['token_chunks']}"
               + (f", errors: {ch['errors']}" if ch["errors"] else ""))
-    print(f"\nSame definition, same estimator (numpy linear), from per-request data{', all rounds' if c['rounds'] > 1 else ''}"
-          f"; ms; ratio = guidellm/labkit, ok within {tol:.0%}")
-    print(f"{'metric':<28}{'labkit p50':>11}{'guidellm':>9}{'ratio':>11}  "
-          f"{'labkit p99':>11}{'guidellm':>9}{'ratio':>11}")
-    for key, label in (*METRICS, ("tail", "tail: E2E - last token"), ("lag", "client lag: send - due")):
-        row = res["same_definition"][key]
-        line = f"{label:<28}"
-        for q in QS:
-            line += f"{fmt_ms(row['labkit'][f'p{q}']):>11}{fmt_ms(row['guidellm'][f'p{q}'])}  "
-            line += fmt_ratio(row["ratio"][f"p{q}"], tol) if key not in ("tail", "lag") else f"{'':>11}"
-        print(line)
+    for name, same in res["same_definition"].items():
+        print(f"\nSame definition, same estimator (numpy linear), from per-request data"
+              f"{', all rounds' if c['rounds'] > 1 else ''}; ms; ratio = {name}/labkit, ok within {tol:.0%}")
+        print(f"{'metric':<28}{'labkit p50':>11}{name:>9}{'ratio':>11}  {'labkit p99':>11}{name:>9}{'ratio':>11}")
+        for key, label in (*METRICS, ("tail", "tail: E2E - last token"), ("lag", "client lag: send - due")):
+            row = same[key]
+            line = f"{label:<28}"
+            for q in QS:
+                line += f"{fmt_ms(row['labkit'][f'p{q}']):>11}{fmt_ms(row['client'][f'p{q}'])}  "
+                line += fmt_ratio(row["ratio"][f"p{q}"], tol) if key not in ("tail", "lag") else f"{'':>11}"
+            print(line)
     print("\nPer run: the server's own means (labkit serve /metrics, before/after each run) vs the client's means "
           "(same definitions as above); ms.\n  The server column shows how fast the server was during that run; "
           "client - server is what the client adds (network, event loop, stream tail).")
@@ -388,7 +454,7 @@ def print_report(res: dict[str, Any], tol: float) -> None:
     srv = [run["server_means"]["e2e"] for run in res["runs"] if run["server_means"] and run["server_means"]["e2e"]]
     if srv and max(srv) > (1 + tol) * min(srv):
         print(f"  WARNING: the server's own mean E2E ranged {1e3 * min(srv):.0f}-{1e3 * max(srv):.0f} ms across runs: "
-              "it was not equally fast for both clients,\n  so the client figures above differ by the server's "
+              "it was not equally fast for every client,\n  so the client figures above differ by the server's "
               "speed, not the client; compare client - server, or re-run on a quiet machine / at a lower rate.")
     for r, own in enumerate(res["own_summary"]):
         print(f"\nEach tool's own summary (its own definitions and percentile estimator), round {r}; ms")
@@ -397,47 +463,146 @@ def print_report(res: dict[str, Any], tol: float) -> None:
                 if isinstance(v, dict):
                     print(f"  {tool:<9}{name:<42} p50 {fmt_ms(v['p50'])}   p99 {fmt_ms(v['p99'])}")
             print(f"  {tool:<9}{'throughput':<42} {rows['throughput_rps']:.2f} req/s over {rows['duration_s']:.1f} s")
+    for name, ok in res["headline"].items():
+        print(f"headline {name}: {ok['errors']} errors; TTFT p50 {ok['ttft_p50_ratio']:.3f}, ITL (mean gap) p50 "
+              f"{ok['itl_p50_ratio']:.3f} of labkit's: {'within' if ok['within'] else 'NOT within'} "
+              f"{res['config']['headline_tolerance']:.0%}")
     print(f"\nverdict: {'all within' if res['within_tolerance'] else 'NOT all within'} {tol:.0%} "
           f"(TTFT, ITL, TPOT, E2E at p50 and p99, same definitions)")
 
 
+def version(name: str, exe: str) -> str:
+    if name == "guidellm":
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.strip().split()
+    else:  # aiperf: the package's version, from its own interpreter
+        py = Path(exe).with_name("python")
+        out = subprocess.run([str(py), "-c", "import importlib.metadata as m; print(m.version('aiperf'))"],
+                             capture_output=True, text=True).stdout.split()
+    return out[-1] if out else "?"
+
+
+def compare(a: argparse.Namespace, url: str, exes: dict[str, str], tok: Path, tmp: Path,
+            env: dict[str, str]) -> dict[str, Any]:
+    """One rate: `a.rounds` rounds of labkit then each external client (the order rotating); the tables."""
+    runs, own = [], []
+    pooled: dict[str, list[dict]] = {"labkit": [], **{k: [] for k in exes}}
+    names = ["labkit", *exes]
+    if a.order != "labkit-first":
+        names = names[1:] + names[:1]
+    cmds: dict[str, list[str]] = {}
+    for rnd in range(a.rounds):
+        d = tmp / f"rate{a.rate:g}" / f"round{rnd}"
+        d.mkdir(parents=True, exist_ok=True)
+        cmds = {"labkit": labkit_cmd(a, url, d)}
+        if "guidellm" in exes:
+            cmds["guidellm"] = guidellm_cmd(a, exes["guidellm"], url, d, tok)
+        if "aiperf" in exes:
+            cmds["aiperf"] = aiperf_cmd(a, exes["aiperf"], url, d, tok)
+        report = None
+        order = names[rnd % len(names):] + names[:rnd % len(names)]  # who goes first rotates
+        for name in order:
+            print(f"rate {a.rate:g}, round {rnd}, {name}: {' '.join(cmds[name])}", flush=True)
+            before = server_metrics(url)
+            # aiperf reads a local tokenizer dir only when HF's offline switch is off (offline, it looks
+            # for the name in the hub cache); a local path never reaches the hub either way
+            wall = run_cmd(cmds[name], d / f"{name}.log", env=env if name == "guidellm" else None)
+            sv = server_means(before, server_metrics(url))
+            if name == "guidellm":
+                report = json.loads((d / "guidellm.json").read_text())
+                rs = guidellm_requests(report)
+            elif name == "aiperf":
+                rs = aiperf_requests(d)
+            else:
+                rs = labkit_requests(d)
+            pooled[name] += rs
+            runs.append({"round": rnd, "client": name, "wall_s": wall, "server_means": sv,
+                         "client_means": {k: mean(rs, k) for k in ("ttft", "itl", "tpot", "e2e")}})
+        own.append(own_summaries(d, report))
+    same = {k: common_table(pooled["labkit"], pooled[k]) for k in exes}
+    headline = {}
+    for k in exes:
+        r_ttft, r_itl = same[k]["ttft"]["ratio"]["p50"], same[k]["itl"]["ratio"]["p50"]
+        errors = sum(not r["ok"] for r in pooled[k])
+        headline[k] = {"errors": errors, "ttft_p50_ratio": r_ttft, "itl_p50_ratio": r_itl,
+                       "within": (errors == 0 and r_ttft is not None and r_itl is not None
+                                  and abs(r_ttft - 1) <= a.headline_tolerance and abs(r_itl - 1) <= a.headline_tolerance)}
+    return {
+        "config": {"url": url, "rate": a.rate, "arrival": a.arrival, "prompt_len": a.prompt_len,
+                   "output_len": a.output_len, "requests": a.requests, "rounds": a.rounds, "warmup": a.warmup,
+                   "order": a.order, "seed": a.seed, "guidellm_workers": a.guidellm_workers,
+                   "guidellm_data": a.guidellm_data, "tolerance": a.tolerance,
+                   "headline_tolerance": a.headline_tolerance},
+        "versions": {k: version(k, v) for k, v in exes.items()},
+        "commands": cmds, "raw_dir": str(tmp),
+        "checks": {k: checks(k, v, a) for k, v in pooled.items()},
+        "same_definition": same,
+        "headline": headline,
+        "runs": runs,
+        "own_summary": own,
+        "server_e2e_spread": (lambda v: max(v) / min(v) if v else None)(
+            [r["server_means"]["e2e"] for r in runs if r["server_means"] and r["server_means"]["e2e"]]),
+        "within_tolerance": all(r is not None and abs(r - 1) <= a.tolerance
+                                for t in same.values() for k, _ in METRICS for r in t[k]["ratio"].values()),
+        "units": "seconds (tables print ms)",
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rate", type=float, default=4.0, help="requests/s (default 4)")
+    p.add_argument("--rate", default="4", help="requests/s, or a comma-separated sweep of rates (default 4)")
     p.add_argument("--arrival", choices=("constant", "poisson"), default="constant",
-                   help="constant = evenly spaced (labkit 'uniform', guidellm 'constant'); poisson (each draws its own)")
+                   help="constant = evenly spaced (labkit 'uniform', guidellm/aiperf 'constant'); poisson (each "
+                        "draws its own)")
     p.add_argument("--prompt-len", type=int, default=32, help="prompt tokens (default 32)")
     p.add_argument("--output-len", type=int, default=64, help="output tokens, exact via ignore_eos (default 64)")
     p.add_argument("--requests", type=int, default=100, help="requests per client per round (default 100)")
     p.add_argument("--rounds", type=int, default=1,
-                   help="run the pair this many times, alternating which goes first (default 1); tables pool rounds")
+                   help="run the clients this many times, rotating which goes first (default 1); tables pool rounds")
     p.add_argument("--warmup", type=int, default=20,
                    help="warm-up: a discarded labkit run of this many requests at the rate first (default 20)")
-    p.add_argument("--order", choices=("labkit-first", "guidellm-first"), default="labkit-first",
-                   help="who goes first in round 0 (then alternating)")
+    p.add_argument("--order", choices=("labkit-first", "others-first"), default="labkit-first",
+                   help="who goes first in round 0 (then rotating)")
+    p.add_argument("--clients", default=",".join(CLIENTS),
+                   help=f"external clients to compare with labkit loadtest (default {','.join(CLIENTS)}; those not "
+                        "installed are skipped)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, default=120.0, help="per-request time limit (s), both clients")
-    p.add_argument("--guidellm", default=None, help=f"guidellm executable (default {DEFAULT_GUIDELLM}, else PATH)")
+    p.add_argument("--timeout", type=float, default=120.0, help="per-request time limit (s), every client")
+    p.add_argument("--model", default="tiny", help="model name the server serves (default tiny)")
+    p.add_argument("--guidellm", default=None, help="guidellm executable (default: a client venv, else PATH)")
+    p.add_argument("--aiperf", default=None, help="aiperf executable (default: a client venv, else PATH)")
     p.add_argument("--guidellm-workers", type=int, default=None,
                    help="GUIDELLM__MAX_WORKER_PROCESSES (default: guidellm's own, 10)")
     p.add_argument("--guidellm-data", choices=("labkit", "synthetic"), default="labkit",
                    help="guidellm's prompts: labkit = the very prompts labkit loadtest sends (a json_file; the same "
                         "work for the server), synthetic = guidellm's synthetic_text of the same lengths")
-    p.add_argument("--tokenizer", default=str(TOKENIZER), help="tokenizer.json of the served model (for guidellm)")
+    p.add_argument("--tokenizer", default=str(TOKENIZER), help="tokenizer.json of the served model")
     p.add_argument("--url", default=None, help="use this running server instead of starting one")
     p.add_argument("--threads", type=int, default=1, help="server torch threads (default 1)")
     p.add_argument("--server-arg", action="append", default=[], help="extra `labkit serve` argument (repeatable)")
     p.add_argument("--tolerance", type=float, default=0.10, help="ratio band counted as agreement (default 0.10)")
-    p.add_argument("--keep", default=None, help="keep the raw outputs (records, guidellm JSON, logs) in this dir")
+    p.add_argument("--headline-tolerance", type=float, default=0.15,
+                   help="the headline check: TTFT and ITL p50 of each client within this of labkit's (default 0.15)")
+    p.add_argument("--keep", default=None, help="keep the raw outputs (records, client JSON, logs) in this dir")
     p.add_argument("--json", default=None, help="write the comparison as JSON here")
     a = p.parse_args(argv)
+    rates = [float(r) for r in str(a.rate).split(",") if r.strip()]
+    if not rates or min(rates) <= 0:
+        p.error(f"--rate must be one or more positive requests/s, got {a.rate!r}")
+    unknown = [c for c in a.clients.split(",") if c and c not in CLIENTS]
+    if unknown:
+        p.error(f"--clients {','.join(unknown)} unknown; choose from {','.join(CLIENTS)}")
 
-    exe = find_guidellm(a.guidellm)
-    if exe is None:
-        print(f"guidellm not installed (looked for {a.guidellm or DEFAULT_GUIDELLM} and on PATH); "
-              "nothing compared. pip install guidellm into a venv and pass --guidellm PATH.")
+    exes: dict[str, str] = {}
+    for name in (c for c in a.clients.split(",") if c):
+        exe = find_client(name, getattr(a, name))
+        if exe is None:
+            print(f"{name} not installed (looked in {', '.join(CLIENT_VENVS)} and on PATH): skipped. Install the "
+                  f"'clients' extra into a venv of its own and pass --{name} PATH.")
+        else:
+            exes[name] = exe
+    if not exes:
+        print("no external client installed; nothing compared.")
         return 0
-    gl_version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.strip().split()[-1:]
 
     tmp = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="compare_clients_"))
     tmp.mkdir(parents=True, exist_ok=True)
@@ -446,35 +611,19 @@ def main(argv: list[str] | None = None) -> int:
     if a.guidellm_workers:
         env["GUIDELLM__MAX_WORKER_PROCESSES"] = str(a.guidellm_workers)
 
-    server, runs, own, cmds = None, [], [], {}
-    pooled: dict[str, list[dict]] = {"labkit": [], "guidellm": []}
+    server, results = None, []
     try:
         if a.url:
             url = a.url.rstrip("/")
         else:
             server, url = start_server(tmp, a.threads, a.server_arg)
             print(f"server: {url} (log {tmp / 'server.log'})")
-        warm_up(a, url, tmp)
-        first = ("labkit", "guidellm") if a.order == "labkit-first" else ("guidellm", "labkit")
-        for rnd in range(a.rounds):
-            d = tmp / f"round{rnd}"
-            d.mkdir(exist_ok=True)
-            cmds = {"labkit": labkit_cmd(a, url, d), "guidellm": guidellm_cmd(a, exe, url, d, tok)}
-            report = None
-            for name in (first if rnd % 2 == 0 else first[::-1]):
-                print(f"round {rnd}, {name}: {' '.join(cmds[name])}", flush=True)
-                before = server_metrics(url)
-                wall = run_cmd(cmds[name], d / f"{name}.log", env=env if name == "guidellm" else None)
-                sv = server_means(before, server_metrics(url))
-                if name == "guidellm":
-                    report = json.loads((d / "guidellm.json").read_text())
-                    rs = guidellm_requests(report)
-                else:
-                    rs = labkit_requests(d)
-                pooled[name] += rs
-                runs.append({"round": rnd, "client": name, "wall_s": wall, "server_means": sv,
-                             "client_means": {k: mean(rs, k) for k in ("ttft", "itl", "tpot", "e2e")}})
-            own.append(own_summaries(d, report))
+        for rate in rates:
+            ra = argparse.Namespace(**{**vars(a), "rate": rate})
+            warm_up(ra, url, tmp)
+            res = compare(ra, url, exes, tok, tmp, env)
+            print_report(res, a.tolerance)
+            results.append(res)
     finally:
         if server is not None:
             server.terminate()
@@ -484,30 +633,17 @@ def main(argv: list[str] | None = None) -> int:
                 server.kill()
         shutil.rmtree(tok.parent, ignore_errors=True)
 
-    same = common_table(pooled["labkit"], pooled["guidellm"])
-    res = {
-        "config": {"url": url, "rate": a.rate, "arrival": a.arrival, "prompt_len": a.prompt_len,
-                   "output_len": a.output_len, "requests": a.requests, "rounds": a.rounds, "warmup": a.warmup,
-                   "order": a.order, "seed": a.seed, "guidellm_workers": a.guidellm_workers,
-                   "guidellm_data": a.guidellm_data,
-                   "tolerance": a.tolerance},
-        "guidellm_version": gl_version[0] if gl_version else "?",
-        "commands": cmds, "raw_dir": str(tmp),
-        "checks": {k: checks(k, v, a) for k, v in pooled.items()},
-        "same_definition": same,
-        "runs": runs,
-        "own_summary": own,
-        "server_e2e_spread": (lambda v: max(v) / min(v) if v else None)(
-            [r["server_means"]["e2e"] for r in runs if r["server_means"] and r["server_means"]["e2e"]]),
-        "within_tolerance": all(r is not None and abs(r - 1) <= a.tolerance
-                                for k, _ in METRICS for r in same[k]["ratio"].values()),
-        "units": "seconds (tables print ms)",
-    }
-    print_report(res, a.tolerance)
+    if len(results) > 1:
+        print("\nsweep:")
+        for res in results:
+            for name, h in res["headline"].items():
+                print(f"  rate {res['config']['rate']:>5g}  {name:<9} errors {h['errors']}  TTFT p50 "
+                      f"{h['ttft_p50_ratio']:.3f}  ITL p50 {h['itl_p50_ratio']:.3f}  "
+                      f"{'ok' if h['within'] else 'OFF'}")
     if a.json:
-        Path(a.json).write_text(json.dumps(res, indent=1))
+        Path(a.json).write_text(json.dumps(results[0] if len(results) == 1 else {"sweep": results}, indent=1))
         print(f"json -> {a.json}")
-    print(f"raw outputs (records, guidellm JSON, logs) in {tmp}")
+    print(f"raw outputs (records, client JSON, logs) in {tmp}")
     return 0
 
 

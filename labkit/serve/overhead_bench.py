@@ -1,17 +1,21 @@
 """`python -m labkit.serve.overhead_bench [--quick]`: what serving over HTTP costs the model.
 
-One closed-loop trace (`batch` users, each sending its requests one after another) runs three
+One closed-loop trace (`batch` users, each sending its requests one after another) runs five
 ways, in interleaved rounds:
 
 1. **alone**: the server's `Engine` stepped in this process, no HTTP: a finished request is
    replaced by the next one at once;
-2. **served, streaming**: `labkit serve` in a child process, driven by `labkit loadtest`'s client;
-3. **served, non-streaming**: the same, each answer sent whole at the end.
+2. **proc streaming / proc non-streaming**: `labkit serve --engine proc` (the default: the engine
+   core in a process of its own, `labkit.serve.core`), driven by `labkit loadtest`'s client,
+   each token sent as it comes, or each answer whole at the end;
+3. **inproc streaming / inproc non-streaming**: `labkit serve --engine inproc`, the engine a
+   thread of the server process.
 
-Every run reports its wall time (s) and engine steps (the server's `labkit_steps_total`). The
-engine thread and the HTTP event loop share one interpreter lock (GIL), so Python the loop runs
-(parsing, tokenizing, JSON, SSE framing, metrics) is time the engine's Python waits: served /
-alone - 1 is serving's share, and streaming - non-streaming is what sending every token costs.
+Every run reports its wall time (s), engine steps (the server's `labkit_steps_total`) and time
+per step. In-process, the engine thread and the HTTP event loop share one interpreter lock
+(GIL), so Python the loop runs (parsing, tokenizing, JSON, SSE framing, metrics) is time the
+engine's Python waits; with the split each has its own. Served per step / alone per step - 1 is
+serving's share of each step, and streaming - non-streaming is what sending every token costs.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ from typing import Any
 
 from labkit import benchkit, presets
 
-WAYS = ("alone", "streaming", "non-streaming")
+ENGINES = ("proc", "inproc")
+WAYS = ("alone", *(f"{e} {s}" for e in ENGINES for s in ("streaming", "non-streaming")))
 
 
 def trace(size: str, seed: int) -> list[Any]:
@@ -59,14 +64,14 @@ def run_alone(specs: list[Any], batch: int) -> dict[str, float]:
     return {"wall_s": wall, "steps": steps}
 
 
-def run_served(specs: list[Any], batch: int, stream: bool) -> dict[str, float]:
-    """`specs` against `labkit serve` (max_batch `batch`) by `batch` closed-loop users: wall
-    time (s) and the server's engine steps."""
+def run_served(specs: list[Any], batch: int, stream: bool, engine: str = "proc") -> dict[str, float]:
+    """`specs` against `labkit serve --engine ENGINE` (max_batch `batch`) by `batch` closed-loop
+    users: wall time (s) and the server's engine steps."""
     from labkit.loadgen import experiments as ex
     from labkit.loadgen.client import Target, run_load
     from labkit.serve.metrics import sample
 
-    with ex.serve("continuous", max_batch=batch) as srv:
+    with ex.serve("continuous", max_batch=batch, engine=engine) as srv:
         target = Target(srv.url, stream=stream)
         run_load(target, specs[:batch], users=batch)  # connections open, code paths warm
         steps0 = sample(srv.metrics(), "labkit_steps_total")
@@ -84,30 +89,33 @@ def body(size: str) -> dict[str, Any]:
     for r in range(P["rounds"]):  # interleaved: drift on a shared machine falls on every way alike
         specs = trace(size, seed=r)
         runs["alone"].append(run_alone(specs, P["batch"]))
-        runs["streaming"].append(run_served(specs, P["batch"], stream=True))
-        runs["non-streaming"].append(run_served(specs, P["batch"], stream=False))
+        for e in ENGINES:
+            runs[f"{e} streaming"].append(run_served(specs, P["batch"], stream=True, engine=e))
+            runs[f"{e} non-streaming"].append(run_served(specs, P["batch"], stream=False, engine=e))
     rows = {w: {"wall_s": statistics.median(x["wall_s"] for x in xs),
                 "steps": statistics.median(x["steps"] for x in xs)} for w, xs in runs.items()}
-    alone = rows["alone"]["wall_s"]
+    alone = rows["alone"]["wall_s"] / max(1.0, rows["alone"]["steps"])
     tokens = P["requests"] * P["output"]
     print(f"{P['requests']} requests x {P['output']} tokens, {P['batch']} closed-loop users, median of {P['rounds']} "
           "interleaved rounds")
-    print(f"{'way':<15}{'wall (s)':>9}{'steps':>7}{'ms/step':>9}{'vs alone':>10}")
+    print(f"{'way':<22}{'wall (s)':>9}{'steps':>7}{'ms/step':>9}{'per step vs alone':>19}")
     for w, row in rows.items():
         row["step_s"] = row["wall_s"] / max(1.0, row["steps"])
-        row["share"] = row["wall_s"] / alone - 1
-        print(f"{w:<15}{row['wall_s']:>9.2f}{row['steps']:>7.0f}{1e3 * row['step_s']:>9.2f}{100 * row['share']:>+9.0f}%")
-    per_token = (rows["streaming"]["wall_s"] - rows["non-streaming"]["wall_s"]) / tokens
-    print(f"serving adds {100 * rows['streaming']['share']:.0f}% to the engine's time ("
-          f"{1e3 * (rows['streaming']['wall_s'] - alone) / P['requests']:.0f} ms per request); streaming each token "
-          f"costs {1e6 * per_token:.0f} us of it per token")
-    return {"size": size, **P, "ways": rows, "stream_cost_per_token_s": per_token}
+        row["share"] = row["step_s"] / alone - 1  # serving's share of each step
+        print(f"{w:<22}{row['wall_s']:>9.2f}{row['steps']:>7.0f}{1e3 * row['step_s']:>9.2f}{100 * row['share']:>+18.1f}%")
+    stream_cost = {e: (rows[f"{e} streaming"]["wall_s"] - rows[f"{e} non-streaming"]["wall_s"]) / tokens
+                   for e in ENGINES}
+    for e in ENGINES:
+        print(f"--engine {e}: serving adds {100 * rows[f'{e} streaming']['share']:.1f}% per step streaming, "
+              f"{100 * rows[f'{e} non-streaming']['share']:.1f}% non-streaming; streaming each token costs "
+              f"{1e6 * stream_cost[e]:.0f} us of wall time per token")
+    return {"size": size, **P, "ways": rows, "stream_cost_per_token_s": stream_cost}
 
 
 def parser():
     """The shared bench flags (the server and the in-process engine run 1 torch thread)."""
     return benchkit.parser("labkit.serve.overhead_bench", __doc__,
-                           quick_help="2 rounds of 32 short requests each way (about a minute on 2 CPU cores)")
+                           quick_help="2 rounds of 32 short requests each way (about two minutes on 2 CPU cores)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,8 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     with benchkit.session(args) as run:
         run.results = r = body("smoke" if args.quick else "full")
         w = r["ways"]
-        run.summary = (f"served/alone {w['streaming']['wall_s'] / w['alone']['wall_s']:.2f}x streaming, "
-                       f"{w['non-streaming']['wall_s'] / w['alone']['wall_s']:.2f}x non-streaming")
+        run.summary = ", ".join(f"{e} {100 * w[f'{e} streaming']['share']:+.1f}%/step streaming "
+                                f"({100 * w[f'{e} non-streaming']['share']:+.1f}% whole)" for e in ENGINES)
     return run.rc
 
 
