@@ -35,6 +35,20 @@ def test_c16_holds_and_fails():
     assert ch5.judge_c16(p, 0.02, 2.0, 1.5).outcome == FAILS         # priority did not fix
 
 
+
+def test_c16_stream_prediction_and_measured_like_outcomes():
+    cap = 130.0  # interactive requests/s of the tiny engine on a 2-core VM
+    p = ch5.predict_c16(cap, 0.3 * cap, 0, 48.0, 8, ch5.INTERACTIVE_OUT, ch5.offline_rate(cap))
+    assert 94 < p.values["offered load"].value < 96
+    assert p.values["FIFO wait"].value > p.values["priority wait"].value
+    # a smoke run: alone 21 ms, FIFO 165 ms, priority 49 ms
+    assert ch5.judge_c16(p, 0.021, 0.165, 0.049, 21, 21).outcome == HOLDS
+    # a machine whose engine keeps up with the stream: FIFO adds little
+    assert ch5.judge_c16(p, 0.021, 0.030, 0.022, 21, 21).outcome == FAILS
+    # priority that only reorders the queue while offline jobs hold every slot
+    assert ch5.judge_c16(p, 0.021, 0.165, 0.120, 21, 21).outcome == FAILS
+
+
 # ------------------------------------------------------------------------------- C17
 def _alloc(per_token, batches=(1, 4, 16), lengths=(102, 202, 402), reserve=None):
     """Storage a cache of `per_token` B/token allocates: the tokens plus one spare slot and an

@@ -2,8 +2,8 @@
 
 C15 times decode steps of the tiny decoder and runs static vs continuous batching on the
 simulator calibrated on this machine (notebook 08: on the real server). C16 drives the
-real engine in process (no HTTP) with a backlog of offline jobs and interactive requests
-at a rate the interactive class alone fits, FIFO vs priority. C17 measures the tensor
+real engine in process (no HTTP) with interactive requests at a rate the interactive class
+alone fits, interleaved with a stream of offline jobs (~95 % load together), FIFO vs priority. C17 measures the tensor
 storage of the KV cache `generate` allocates as sequences and lengths grow (model dtype and
 int8) and fits it against the calculator's bytes per token, and counts the sequences the
 engine fits (paged vs max-length reservation, int8 vs the model dtype).
@@ -129,17 +129,33 @@ def _decode_rows() -> list[tuple[int, int, int, float]]:
 
 # ------------------------------------------------------------------------------- C16
 def predict_c16(capacity_rps: float, interactive_rps: float, backlog: int, offline_out: float, max_batch: int,
-                interactive_out: int) -> Prediction:
-    """From the measured capacity: one step ~ max_batch / (capacity x interactive_out) s. FIFO: an
-    interactive request waits for the offline backlog ahead to be admitted; priority: for one
-    slot to turn over."""
+                interactive_out: int, offline_rps: float | None = None) -> Prediction:
+    """From the measured capacity: one step ~ max_batch / (capacity x interactive_out) s.
+
+    `offline_rps` None: a backlog of `backlog` offline jobs at t = 0; FIFO makes an interactive
+    request wait for the backlog ahead to be admitted. `offline_rps` given: offline jobs
+    arrive as a stream; the slots are busy a share rho = (interactive + offline work) /
+    capacity of the time and FIFO adds a queueing wait ~ rho / (1 - rho) x the mean residual
+    slot time / max_batch (M/G/1 heavy traffic spread over the slots). Priority: an
+    interactive request waits for one slot to turn over."""
     step = max_batch / (capacity_rps * interactive_out)
-    fifo = (backlog - max_batch) / max_batch * offline_out * step
     prio = offline_out / max_batch * step
+    if offline_rps is None:
+        fifo = (backlog - max_batch) / max_batch * offline_out * step
+        how = "behind a FIFO backlog"
+        extra: dict[str, Any] = {}
+    else:
+        work = interactive_rps + offline_rps * offline_out / interactive_out  # in interactive requests/s
+        rho = min(work / capacity_rps, 0.99)
+        mix = (interactive_rps * interactive_out ** 2 + offline_rps * offline_out ** 2) / \
+            (interactive_rps * interactive_out + offline_rps * offline_out)  # E[S^2] / E[S], tokens
+        fifo = rho / (1 - rho) * mix / 2 * step / max_batch
+        how = f"with an offline stream ({100 * work / capacity_rps:.0f}% of capacity in all) in one FIFO queue"
+        extra = {"offered load": (100 * work / capacity_rps, "%")}
     return Prediction.of("C16", f"interactive load {interactive_rps / capacity_rps:.0%} of capacity fits alone; "
-                                f"behind a FIFO backlog it waits ~{fifo:.2g} s, with priority ~{prio:.2g} s",
+                                f"{how} it waits ~{fifo:.2g} s, with priority ~{prio:.2g} s",
                          **{"capacity": (capacity_rps, "req/s"), "interactive": (interactive_rps, "req/s"),
-                            "FIFO wait": (fifo, "s"), "priority wait": (prio, "s")})
+                            **extra, "FIFO wait": (fifo, "s"), "priority wait": (prio, "s")})
 
 
 def judge_c16(prediction: Prediction, alone_p99_s: float, fifo_p99_s: float, priority_p99_s: float,
@@ -208,22 +224,39 @@ def engine_capacity(model: Any, max_batch: int = 8, seed: int = 0) -> float:
     return n / (time.perf_counter() - t0)
 
 
-def measure_c16(model: Any, capacity_rps: float, *, max_batch: int = 8, backlog: int = 48, interactive: int = 40,
-                load: float = 0.3, seed: int = 0) -> dict[str, Any]:
+# C16's traffic: interactive requests at INTERACTIVE_LOAD of the measured capacity, offline
+# jobs streaming in at OFFLINE_LOAD of it (in interactive-request units of work): together
+# ~95 %, a busy server with headroom, not an overloaded one (where any FIFO must lose).
+INTERACTIVE_LOAD, OFFLINE_LOAD, OFFLINE_OUT = 0.3, 0.65, 48.0
+
+
+def offline_rate(capacity_rps: float, offline_load: float = OFFLINE_LOAD, offline_out: float = OFFLINE_OUT) -> float:
+    """Offline jobs/s whose decode work is `offline_load` x the capacity (interactive requests/s)."""
+    return offline_load * capacity_rps * INTERACTIVE_OUT / offline_out
+
+
+def measure_c16(model: Any, capacity_rps: float, *, max_batch: int = 8, backlog: int | None = None,
+                interactive: int = 40, load: float = INTERACTIVE_LOAD, seed: int = 0,
+                offline_load: float = OFFLINE_LOAD) -> dict[str, Any]:
     """Interactive requests (16-token prompts, 8 tokens out, priority 0) at `load` x
-    `capacity_rps`, arriving while `backlog` offline jobs (32-token prompts, lognormal
-    outputs ~48 tokens, priority 1) submitted at t = 0 wait; p99 TTFT (s) per setup."""
+    `capacity_rps`, interleaved with offline jobs (32-token prompts, lognormal outputs ~48
+    tokens, priority 1) arriving as a Poisson stream at `offline_rate(capacity, offline_load)`
+    over the same window (`backlog` jobs; None: as many as the stream brings in that window);
+    p99 TTFT (s) of the interactive class alone, mixed under FIFO, mixed under priority."""
     rng = np.random.default_rng(seed)
     vocab, out_i = model.config.vocab_size, INTERACTIVE_OUT
     inter = [rng.integers(0, vocab, 16).tolist() for _ in range(interactive)]
-    capacity = capacity_rps
-    rate = load * capacity
+    rate = load * capacity_rps
     at = 0.05 + np.cumsum(rng.exponential(1 / rate, interactive))
-    off_out = np.clip(rng.lognormal(np.log(48), 0.5, backlog).round(), 8, 128).astype(int)
-    offline = [(0.0, rng.integers(0, vocab, 32).tolist(), int(o), 1) for o in off_out]
+    off_rate = offline_rate(capacity_rps, offline_load)
+    n_off = backlog if backlog is not None else max(1, int(round(off_rate * at[-1])))
+    off_at = 0.05 + np.cumsum(rng.exponential(1 / off_rate, n_off))
+    off_out = np.clip(rng.lognormal(np.log(OFFLINE_OUT), 0.5, n_off).round(), 8, 128).astype(int)
+    offline = [(float(t), rng.integers(0, vocab, 32).tolist(), int(o), 1) for t, o in zip(off_at, off_out)]
     online = [(float(t), ids, out_i, 0) for t, ids in zip(at, inter)]
-    out: dict[str, Any] = {"capacity_rps": capacity, "interactive_rps": rate, "offline_out": float(off_out.mean()),
-                           "max_batch": max_batch, "backlog": backlog, "interactive_out": out_i}
+    out: dict[str, Any] = {"capacity_rps": capacity_rps, "interactive_rps": rate, "offline_rps": off_rate,
+                           "offline_out": float(off_out.mean()), "max_batch": max_batch, "backlog": n_off,
+                           "interactive_out": out_i}
     for name, queue, plan in (("alone", "fifo", online), ("fifo", "fifo", online + offline),
                               ("priority", "priority", online + offline)):
         reqs = _drive(_engine(model, queue, max_batch, len(plan)), plan)
@@ -238,10 +271,10 @@ def run_c16(size: str = "smoke", device: Any = None) -> Verdict:
 
     with threads(1):  # the engine's steps on one thread; the caller's setting comes back after
         model = load_tiny()
-        backlog, n = (48, 40) if size == "smoke" else (160, 200)
+        n = 60 if size == "smoke" else 200
         cap = engine_capacity(model)
-        pred = predict_c16(cap, 0.3 * cap, backlog, 48.0, 8, INTERACTIVE_OUT)
-        m = measure_c16(model, cap, backlog=backlog, interactive=n)
+        pred = predict_c16(cap, INTERACTIVE_LOAD * cap, 0, OFFLINE_OUT, 8, INTERACTIVE_OUT, offline_rate(cap))
+        m = measure_c16(model, cap, interactive=n)
     return judge_c16(pred, m["alone"], m["fifo"], m["priority"], m["offline_done_fifo"], m["offline_done_priority"])
 
 

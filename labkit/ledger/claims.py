@@ -113,8 +113,8 @@ CLAIMS: dict[str, Claim] = {c.id: c for c in [
        "batching fixes it.", "06_batching 08_p99_and_load",
        "tokens per step vs batch measured; continuous vs static p99 at one rate", "ch5"),
     _c("C16", 5, "Mixed online + offline traffic in one FIFO hurts interactive latency; priorities or pools "
-       "fix it.", "06_batching", "the real engine, FIFO vs priority, at a load where the interactive class "
-       "alone fits", "ch5"),
+       "fix it.", "06_batching", "the real engine, interactive requests (30 % of its measured capacity) "
+       "interleaved with a stream of offline jobs (65 %): interactive p99 TTFT alone, FIFO, priority", "ch5"),
     _c("C17", 5, "KV cache grows with sequence length x concurrency; quantized KV and paged blocks fit more "
        "requests.", "06_batching 07_kv_and_result_cache",
        "tensor storage of the KV cache generate allocates, measured as sequences and length grow (model "
