@@ -179,6 +179,44 @@ def test_cancel_frees_blocks(tiny):
     eng.kv.check()
 
 
+def test_engine_timers_split_each_step_into_model_and_overhead(tiny):
+    """The engine times its own steps: every step that ran rows adds its whole time and its model
+    passes' time; the model's share is part of the step, and the rest (the engine's CPU work per
+    step) is what `engine_timers` reports as overhead."""
+    eng = _engine(tiny, max_batch=2)
+    before = metrics_mod.parse_prometheus(eng.metrics.render(eng.gauges()))
+    for p in PROMPTS[:3]:
+        eng.submit(TOK.encode(p), 5, ignore_eos=True)
+    eng.run_until_idle()
+    m = eng.metrics.counters
+    assert m["steps"] > 0 and 0 < m["engine_model_seconds"] <= m["engine_step_seconds"]
+    t = metrics_mod.engine_timers(before, metrics_mod.parse_prometheus(eng.metrics.render(eng.gauges())))
+    assert t["steps"] == m["steps"]
+    assert t["step_s"] == pytest.approx(t["model_s"] + t["overhead_s"]) and t["overhead_s"] >= 0
+    assert metrics_mod.engine_timers(before, before)["steps"] == 0
+
+
+def test_split_metrics_add_the_engine_process_counts_to_the_servers():
+    """/metrics of a server whose engine runs in another process: the server's own counts plus
+    the engine's latest snapshot, histograms bucket by bucket."""
+    core, api = metrics_mod.Metrics("tiny"), metrics_mod.SplitMetrics("tiny")
+    core.count("accepted", 3)
+    core.count("completed", 2)
+    core.add("steps", 7)
+    core.observe(ttft=0.003, e2e=0.3)
+    api.count("rejected")
+    api.observe(ttft=0.5, preprocess=0.01)
+    api.remote = core.snapshot()
+    parsed = metrics_mod.parse_prometheus(api.render({"running": 1}))
+    assert parsed['labkit_requests_total{status="accepted"}'] == 3
+    assert parsed['labkit_requests_total{status="rejected"}'] == 1 and parsed["labkit_steps_total"] == 7
+    assert metrics_mod.sample(parsed, "vllm:time_to_first_token_seconds_count") == 2
+    assert metrics_mod.sample(parsed, "vllm:time_to_first_token_seconds_bucket", le="0.005") == 1
+    assert metrics_mod.sample(parsed, "labkit_request_preprocess_seconds_count") == 1
+    api.remote = None  # before the first snapshot: the server's own counts alone
+    assert metrics_mod.parse_prometheus(api.render({}))['labkit_requests_total{status="accepted"}'] == 0
+
+
 def test_seeded_sampling_does_not_depend_on_the_batch(tiny):
     ids = TOK.encode(PROMPTS[2])
     runs = []

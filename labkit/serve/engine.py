@@ -249,6 +249,7 @@ class Engine:
         self._closing = False
         self._deadline = math.inf
         self._thread: threading.Thread | None = None
+        self._model_s = 0.0  # this step's model passes so far (s)
         self.failure: str | None = None  # why this engine can serve no more (None: it can); see labkit.serve.core
 
     # ================================================================ any thread
@@ -342,7 +343,12 @@ class Engine:
     # ================================================================ the stepping thread
     def step(self) -> bool:
         """One iteration; returns False when there was nothing to run (then `wake` says
-        when the policy wants to be asked again, or None)."""
+        when the policy wants to be asked again, or None). A step that ran rows adds its time
+        and its model passes' time (forward + sampling, until the tokens are on the host) to the
+        engine's timers (`Metrics` engine_step_seconds, engine_model_seconds): the rest is the
+        engine's own CPU work per step (policy, blocks, bookkeeping, events)."""
+        t_step = time.perf_counter()
+        self._model_s = 0.0
         self.now = time.monotonic()
         self._take_inbox()
         if self.now >= self._deadline:
@@ -363,6 +369,9 @@ class Engine:
         if self.hold_batch and self.running and all(r.own_done for r in self.running.values()):
             for r in list(self.running.values()):  # a static batch leaves together
                 self._finish(r, r.finish_reason)
+        if rows:
+            self.metrics.add("engine_model_seconds", self._model_s)
+            self.metrics.add("engine_step_seconds", time.perf_counter() - t_step)
         self._flush()
         return bool(rows)
 
@@ -432,6 +441,7 @@ class Engine:
                 self._pass(group)
 
     def _pass(self, rows: list[tuple[Request, int]]) -> None:
+        t_model = time.perf_counter()
         model, dev = self.model, self.model.device
         view = self.pool.view([self.kv.tables[r.id] for r, _ in rows], [r.kv_len for r, _ in rows])
         if all(k == 0 for _, k in rows):
@@ -453,6 +463,7 @@ class Engine:
             if r.prefilled == r.target:
                 emit.append(i)
         new = self._sample(logits, [rows[i][0] for i in emit], emit)
+        self._model_s += time.perf_counter() - t_model
         for i, tok in zip(emit, new):
             r = rows[i][0]
             if not r.decoding:  # its prompt (or recompute) is done: it decodes from the next step

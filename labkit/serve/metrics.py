@@ -15,7 +15,8 @@ vLLM reads this server unchanged:
 
 labkit's own (``labkit_...``): `kv_blocks_used`, `kv_blocks_free`, `kv_tokens_used`,
 `kv_tokens_reserved`, `peak_running` (gauges); `requests_total{status=...}`,
-`steps_total`, `cache_hits_total` (counters); `request_preprocess_seconds` (histogram,
+`steps_total`, `cache_hits_total`, `engine_step_seconds_total`, `engine_model_seconds_total`
+(counters; the engine's timers: whole steps, and their model passes, in s); `request_preprocess_seconds` (histogram,
 the pre-processing stage incl. waiting for it). Request statuses: accepted (entered the
 engine's queue), completed, error (the engine failed or aborted it; the client got an
 error), cancelled (the client went away), rejected (429/503: queue full or shutting
@@ -38,7 +39,11 @@ STATUSES = ("accepted", "completed", "error", "cancelled", "rejected", "invalid"
 # (name in this class, Prometheus name) of the counters.
 COUNTERS = {"prompt_tokens": "vllm:prompt_tokens_total", "generation_tokens": "vllm:generation_tokens_total",
             "preemptions": "vllm:num_preemptions_total", "steps": "labkit_steps_total",
-            "cache_hits": "labkit_cache_hits_total"}
+            "cache_hits": "labkit_cache_hits_total",
+            # the engine's own timers (s), summed over steps that ran rows: the whole step, and its
+            # model passes (forward + sampling); the difference is the engine's CPU work per step
+            "engine_step_seconds": "labkit_engine_step_seconds_total",
+            "engine_model_seconds": "labkit_engine_model_seconds_total"}
 FINISH_REASONS = ("stop", "length", "abort")
 # (key, Prometheus name, help) of the latency histograms, all in s.
 HISTOGRAMS = (
@@ -209,6 +214,20 @@ def histogram_quantile(samples: dict[str, float], name: str, q: float) -> float:
         lo, below = bound, cum
     return lo
 
+
+
+def engine_timers(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """What the engine's own timers say about the steps between two parsed expositions: steps,
+    and per step (s) the whole step, its model passes, and the rest (`overhead_s`: policy,
+    blocks, bookkeeping, events: the CPU cost per step a simulated twin adds to the model's)."""
+    d = {k: sample(after, n) - sample(before, n) for k, n in (("steps", COUNTERS["steps"]),
+                                                               ("step", COUNTERS["engine_step_seconds"]),
+                                                               ("model", COUNTERS["engine_model_seconds"]))}
+    n = d["steps"]
+    if n <= 0:
+        return {"steps": 0, "step_s": math.nan, "model_s": math.nan, "overhead_s": math.nan}
+    return {"steps": n, "step_s": d["step"] / n, "model_s": d["model"] / n,
+            "overhead_s": (d["step"] - d["model"]) / n}
 
 
 def sample(samples: dict[str, float], name: str, **labels: str) -> float:
