@@ -285,7 +285,7 @@ class Attention(nn.Module):
             # that share a KV head into the query-length axis (the mask was folded alike).
             q = q.reshape(B, Hkv, (H // Hkv) * T, D)
             y = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask)
-            y = y.view(B, H, T, D)
+            y = y.reshape(B, H, T, D)  # CUDA's SDPA may return it strided: view would fail there
         return self.wo(y.transpose(1, 2).reshape(B * T, H * D))
 
 
