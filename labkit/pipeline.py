@@ -34,6 +34,7 @@ import torch
 
 from labkit.model.generate import SamplingParams, sample
 from labkit.timing import Spans
+from labkit.passages import load_documents  # noqa: F401  (re-exported: the store's passages)
 from labkit.paths import DATA
 from labkit.tokenizer import EOS, load_tokenizer
 from labkit.plots import axes
@@ -156,23 +157,6 @@ class DocStore:
         return sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
 
 
-@lru_cache(maxsize=4)
-def load_documents(max_chars: int = 400) -> tuple[str, ...]:
-    """data/corpus/train.txt cut into passages of whole paragraphs, each <= ~`max_chars`."""
-    text = (DATA / "corpus" / "train.txt").read_text(encoding="utf-8")
-    passages: list[str] = []
-    for work in text.split(EOS):
-        cur = ""
-        for para in (p.strip() for p in work.split("\n\n")):
-            if not para:
-                continue
-            if cur and len(cur) + len(para) + 2 > max_chars:
-                passages.append(cur)
-                cur = ""
-            cur = f"{cur}\n\n{para}" if cur else para[:max_chars]
-        if cur:
-            passages.append(cur)
-    return tuple(passages)
 
 
 @lru_cache(maxsize=4)

@@ -166,11 +166,13 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
                  "target_requests": [60, 300]},
     },
     # 09_case_study: requests per load run, one-at-a-time requests for the unloaded baseline,
-    # seconds the stack sampler runs during the load, overload rate as a multiple of the
-    # predicted capacity, burst size as a multiple of the queue bound.
+    # closed-loop requests of the capacity run, seconds the stack sampler runs during the load,
+    # overload rate as a multiple of the measured capacity, burst size as a multiple of the queue bound.
     "case": {
-        "smoke": {"requests": 60, "unloaded_requests": 12, "profile_s": 1.5, "overload": 1.5, "burst": 3},
-        "full": {"requests": 300, "unloaded_requests": 40, "profile_s": 5.0, "overload": 1.5, "burst": 3},
+        "smoke": {"requests": 120, "unloaded_requests": 12, "capacity_requests": 64, "profile_s": 8.0,
+                  "overload": 1.5, "burst": 3},
+        "full": {"requests": 300, "unloaded_requests": 40, "capacity_requests": 160, "profile_s": 20.0,
+                 "overload": 1.5, "burst": 3},
     },
     # labkit.serve.overhead_bench: closed-loop users (= the server's max batch), requests per run,
     # prompt words and output tokens per request, interleaved rounds of the three ways.

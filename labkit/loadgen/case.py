@@ -1,17 +1,19 @@
 """Chapter 6's case study (notebook 09): a tail made by a pre-processing stage that is not safe
 for concurrent use, found by the troubleshooting method and fixed by the cheapest rung.
 
-The server runs the retrieval stage of `labkit.serve.preprocess` ("global_lock": one shared
-reranker buffer behind one process-wide lock). Every function here measures the real
-server over HTTP with the real load generator; the verdicts (C21, C22) are judged in
-`labkit.ledger.case`.
+The service retrieves passages from a document store across the network (a real process on
+loopback, `labkit.serve.docstore`), reranks them with the model and answers. It ships with the
+stage's "global_lock" implementation: one store client, not safe to share, behind one lock
+held across the store's answer time. Every function here measures the real server over HTTP
+with the real load generator; the verdicts (C21, C22) are judged in `labkit.ledger.case`.
 
-    scenario = Scenario(slo_factor=3.0)            # the SLO, stated before anything runs
-    with serve("global_lock") as srv:
-        base = unloaded(srv, scenario)             # one request at a time: the normal p99
-        rate = scenario.load * base.serial_rps     # the operating point, below even a one-at-a-time knee
-        run = at_rate(srv, rate, scenario)         # records + telemetry
-        spans = span_breakdown(run.result.measured)
+The scenario is constructed, and sized from this machine's own measurements:
+
+    scenario = Scenario()                               # SLO factor, load, lock load: stated first
+    point, _ = size_scenario(scenario)                  # the fixed service's capacity -> rate, store delay
+    with serve("global_lock", point.store_delay_s) as srv:
+        base = unloaded(srv, scenario)                  # one request at a time: the normal p99 -> SLO
+        run = at_rate(srv, point.rate_rps, scenario)    # records + telemetry + profile
 """
 
 from __future__ import annotations
@@ -40,25 +42,33 @@ QUESTIONS = (
     "Why does Shylock want his bond?", "What does Hotspur think of honour?",
     "How does Iago trap Othello?", "What does Ophelia give away?",
 )
-# Candidates the case's retrieval stage reranks: a heavy RAG step, most of a request's CPU.
-RERANK_K = 8
+# Candidates the case's retrieval stage fetches from the store and reranks with the model.
+RERANK_K = 4
 # The stage's code lines where a thread waits for the shared resource (`labkit.serve.preprocess`).
 LOCK_FRAME = ("serve/preprocess.py", "lock")
 
 
 @dataclasses.dataclass(frozen=True)
 class Scenario:
-    """The case's fixed terms. slo_factor: the SLO is p99 E2E <= slo_factor x the unloaded p99;
-    load: the operating rate as a share of what the service sustains taking one request at a
-    time (1 / the unloaded mean E2E), so the rate sits below the knee of even a service that
-    serialises requests, on any machine (a share of the cores' capacity would put a serialised
-    service past its knee on a machine with many cores); requests per load run; output_tokens
-    per answer; seed."""
+    """The case's fixed terms, stated before anything runs.
+
+    slo_factor: the SLO is p99 E2E <= slo_factor x the unloaded p99. load: the operating rate as
+    a share of the fixed service's measured capacity (0.25: a modest load, an ordinary hour for
+    a service sized for its peak; at 0.5 on a 2-core laptop the fixed service's own p99 already
+    reaches ~3x its unloaded p99, queueing for the cores, which would hide any lock). lock_load:
+    the share of time the shipped service's lock is held at that rate (rate x the store's answer
+    time); the store's delay is chosen to give it (0.85: a one-server queue that is busy but not
+    saturated, where M/D/1 puts p99 at roughly 6-9x its hold time over 100-300 requests). requests per load run;
+    unloaded_requests one at a time; capacity_requests and capacity_users for the closed-loop
+    capacity run; output_tokens per answer; seed."""
 
     slo_factor: float = 3.0
-    load: float = 0.7
-    requests: int = 60
-    unloaded_requests: int = 12
+    load: float = 0.25
+    lock_load: float = 0.85
+    requests: int = 300
+    unloaded_requests: int = 40
+    capacity_requests: int = 160
+    capacity_users: int = 16
     output_tokens: int = 8
     seed: int = 0
 
@@ -66,31 +76,62 @@ class Scenario:
         if not (isinstance(self.slo_factor, (int, float)) and math.isfinite(self.slo_factor) and self.slo_factor > 1):
             raise ValueError(f"slo_factor {self.slo_factor!r} is not allowed: the SLO must be a finite multiple > 1 "
                              "of the unloaded p99 (e.g. 3.0)")
-        if not (isinstance(self.load, (int, float)) and 0 < self.load < 1):
-            raise ValueError(f"load {self.load!r} is not allowed: a share of the one-at-a-time rate in (0, 1), "
-                             "e.g. 0.7")
-        for name in ("requests", "unloaded_requests", "output_tokens"):
+        for name, example in (("load", 0.5), ("lock_load", 0.8)):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and 0 < v < 1):
+                raise ValueError(f"{name} {v!r} is not allowed: a share in (0, 1), e.g. {example}")
+        for name in ("requests", "unloaded_requests", "capacity_requests", "capacity_users", "output_tokens"):
             v = getattr(self, name)
             if not (isinstance(v, int) and v >= 1):
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
 
 
-def server_config(preprocess: str, **knobs: Any) -> Any:
+@dataclasses.dataclass(frozen=True)
+class OperatingPoint:
+    """Where the case runs: the fixed service's measured capacity (requests/s), the rate
+    (load x capacity) and the store's answer time (lock_load / rate, s)."""
+
+    capacity_rps: float
+    rate_rps: float
+    store_delay_s: float
+    load: float
+    lock_load: float
+
+    def derivation(self) -> str:
+        """How the rate and the store delay follow from the measurement, in one paragraph."""
+        return (f"capacity of the fixed service (measured, closed loop): {self.capacity_rps:.1f} req/s; "
+                f"rate = {self.load:g} x capacity = {self.rate_rps:.2f} req/s; store delay d = lock load / rate = "
+                f"{self.lock_load:g} / {self.rate_rps:.2f} = {1e3 * self.store_delay_s:.0f} ms per call, so a lock "
+                f"held across the call is busy {100 * self.lock_load:.0f}% of the time")
+
+
+def operating_point(capacity_rps: float, scenario: Scenario) -> OperatingPoint:
+    """The rate and store delay for a measured `capacity_rps` (requests/s)."""
+    if not (math.isfinite(capacity_rps) and capacity_rps > 0):
+        raise ValueError(f"capacity_rps must be a finite number > 0 requests/s, got {capacity_rps!r}")
+    rate = scenario.load * capacity_rps
+    from labkit.serve.docstore import MAX_DELAY_S
+
+    delay = min(scenario.lock_load / rate, MAX_DELAY_S)
+    return OperatingPoint(capacity_rps, rate, delay, scenario.load, scenario.lock_load)
+
+
+def server_config(preprocess: str, store_delay_s: float = 0.0, **knobs: Any) -> Any:
     """The case's `ServerConfig`: the tiny model on the CPU (on any machine: the case is about
-    cores and a lock, and its figures compare across machines), one torch thread unless a knob
-    says otherwise, the given pre-processing implementation."""
+    a lock, and its figures compare across machines), one torch thread unless a knob says
+    otherwise, the given pre-processing implementation and document-store delay (s)."""
     from labkit.serve.server import ServerConfig
 
     return ServerConfig(**{"preset": "tiny", "port": 0, "threads": 1, "device": "cpu", "preprocess": preprocess,
-                           "rerank_k": RERANK_K, **knobs})
+                           "rerank_k": RERANK_K, "store_delay_ms": 1e3 * store_delay_s, **knobs})
 
 
-def serve(preprocess: str, **knobs: Any) -> Any:
-    """Start `labkit serve` with the stage `preprocess` in a child process (a `ServerHandle`;
-    use it in a `with` block, or call `.stop()`)."""
+def serve(preprocess: str, store_delay_s: float = 0.0, **knobs: Any) -> Any:
+    """Start `labkit serve` with the stage `preprocess` (and its document store, answering in
+    `store_delay_s`) in a child process (a `ServerHandle`; use it in a `with` block, or `.stop()`)."""
     from labkit.serve.server import start_server
 
-    return start_server(server_config(preprocess, **knobs))
+    return start_server(server_config(preprocess, store_delay_s, **knobs))
 
 
 def specs(n: int, rate: float | None, output_tokens: int, seed: int = 0) -> list[RequestSpec]:
@@ -138,6 +179,10 @@ class Run:
         e = self.e2e()
         return float(np.percentile(e, 99)) if e.size else math.nan
 
+    def p50(self) -> float:
+        e = self.e2e()
+        return float(np.median(e)) if e.size else math.nan
+
     def mean(self) -> float:
         e = self.e2e()
         return float(e.mean()) if e.size else math.nan
@@ -151,14 +196,15 @@ def _engine_counts(srv: Any) -> tuple[int, int]:
                                                       + sample(m, "vllm:generation_tokens_total"))
 
 
-def measure(srv: Any, plan: Sequence[RequestSpec], users: int | None = None, profile_s: float = 0.0) -> Run:
+def measure(srv: Any, plan: Sequence[RequestSpec], users: int | None = None, profile_s: float = 0.0,
+            profile_after_s: float = 0.3) -> Run:
     """Send `plan` to `srv` (open loop unless `users`), reading the server process's CPU time,
     engine steps and tokens around it; with `profile_s` > 0 the server's stack sampler
-    (`/debug/stacks`) runs for that long during the load."""
+    (`/debug/stacks`) runs for that long, from `profile_after_s` into the load."""
     stacks: dict[str, Any] = {}
 
     def profile() -> None:
-        time.sleep(0.3)  # let a queue form first
+        time.sleep(profile_after_s)  # let a queue form first
         status, body = srv.get(f"/debug/stacks?seconds={profile_s}&hz=200")
         if status == 200:
             stacks.update(json.loads(body))
@@ -202,11 +248,27 @@ def unloaded(srv: Any, scenario: Scenario) -> Baseline:
     return Baseline(run, float(np.median(e)), float(np.percentile(e, 99)), per, run.cores / per, 1 / float(e.mean()))
 
 
+def capacity(srv: Any, scenario: Scenario) -> Run:
+    """Closed loop, `capacity_users` users each sending its next request as soon as the last
+    ends: the service's throughput with a queue always waiting, i.e. its capacity."""
+    plan = specs(scenario.capacity_requests, None, scenario.output_tokens, scenario.seed + 3)
+    return measure(srv, plan, users=scenario.capacity_users)
+
+
+def size_scenario(scenario: Scenario) -> tuple[OperatingPoint, Run]:
+    """Measure the fixed service's capacity (per-thread store clients, the store answering at
+    once, so the figure is the machine's, not the delay's) and derive the operating point."""
+    with serve("per_thread") as srv:
+        run = capacity(srv, scenario)
+    return operating_point(run.result.summary()["throughput_rps"], scenario), run
+
+
 def at_rate(srv: Any, rate: float, scenario: Scenario, profile_s: float = 0.0, requests: int | None = None) -> Run:
     """The scenario's open-loop load at `rate` requests/s (the same questions and arrival
-    times for every server at that rate)."""
-    return measure(srv, specs(requests or scenario.requests, rate, scenario.output_tokens, scenario.seed + 1),
-                   profile_s=profile_s)
+    times for every server at that rate); the profile, if any, starts a quarter into the run."""
+    n = requests or scenario.requests
+    return measure(srv, specs(n, rate, scenario.output_tokens, scenario.seed + 1), profile_s=profile_s,
+                   profile_after_s=max(0.3, 0.25 * n / rate))
 
 
 # ------------------------------------------------------------------------------ evidence
@@ -223,8 +285,8 @@ def span_breakdown(records: Sequence[RequestRecord], tail_quantile: float = 95.0
     out = {}
     for name, group in (("all", ok), ("tail", [r for r in ok if r.e2e_s >= cut])):
         row = {k: float(np.mean([r.server_spans.get(k, 0.0) for r in group])) for k in SPANS + DETAILS}
-        # the stage's own work: pre-processing less its two waits (for a worker thread, for the lock)
-        row["stage_work"] = max(0.0, row["preprocess"] - row["stage_queue"] - row["stage_lock"])
+        # the stage's own work: pre-processing less its waits (for a worker thread, the lock, the store)
+        row["stage_work"] = max(0.0, row["preprocess"] - row["stage_queue"] - row["stage_lock"] - row["stage_store"])
         row["wire"] = float(np.mean([r.wire_s for r in group]))
         row["e2e"] = float(np.mean([r.e2e_s for r in group]))
         row["requests"] = len(group)
@@ -247,8 +309,14 @@ def lock_share(stacks: dict[str, Any] | None) -> float:
     if not stacks or not stacks.get("top"):
         return math.nan
     busy = max(1, stacks["samples"] - stacks["idle"])
-    waiting = sum(t["samples"] for t in stacks["top"] if LOCK_FRAME[0] in t["frame"] and LOCK_FRAME[1] in t["frame"])
-    return waiting / busy
+    return sum(t["samples"] for t in stacks["top"] if at_lock(t["frame"])) / busy
+
+
+def at_lock(frame: str) -> bool:
+    """Is this profiler frame ("file:line function: source", maybe "<- caller") a thread
+    waiting at the stage's lock? Only the innermost frame counts."""
+    inner = frame.split(" <- ")[0]
+    return LOCK_FRAME[0] in inner and LOCK_FRAME[1] in inner.split(":", 2)[-1]
 
 
 def model_bandwidth_util(run: Run, weight_bytes: float, read_bw: float) -> float:
@@ -270,10 +338,11 @@ class Rung:
 LADDER = (
     Rung("configuration", "2 torch threads in the server (was 1)", {"threads": 2}),
     Rung("scheduling", "max_batch 32 (was 16)", {"max_batch": 32}),
-    Rung("code fix", "per-thread reranker buffers, no global lock", {"preprocess": "per_thread"}),
+    Rung("code fix", "a store client per worker thread, no global lock", {"preprocess": "per_thread"}),
     Rung("graph capture / compile", "compiled model step", None),
-    Rung("compression", "int8 / int4 weights", None),
+    Rung("compression", "int8 weights (the planned project)", {"quantize": "int8"}),
 )
+COMPRESSION = LADDER[-1]
 
 
 # A rung meets the SLO only when its p99 is under it in at least this share of bootstrap resamples:
@@ -293,31 +362,62 @@ def meets_slo(e2e_s: Sequence[float], slo_s: float) -> tuple[bool, float]:
     return share_under >= MET_CONFIDENCE, conf
 
 
+def try_rung(rung: Rung, rate: float, scenario: Scenario, slo_s: float, baseline_knobs: dict[str, Any]) -> dict[str, Any]:
+    """One rung on top of `baseline_knobs`, at `rate`: cost, change, p99 (s), mean (s), throughput
+    (requests/s), server CPU share, met (`meets_slo`), confidence, and the `Run`."""
+    row: dict[str, Any] = {"cost": rung.cost, "change": rung.change}
+    if rung.knobs is None:
+        return {**row, "skipped": "labkit serve has no such path"}
+    knobs = {**baseline_knobs, **rung.knobs}
+    with serve(knobs.pop("preprocess"), **knobs) as srv:
+        run = at_rate(srv, rate, scenario)
+    met, conf = meets_slo(run.e2e(), slo_s)
+    return {**row, "p99": run.p99(), "p50": run.p50(), "mean": run.mean(),
+            "throughput": run.result.summary()["throughput_rps"], "cpu_util": run.cpu_util, "met": met,
+            "confidence": conf, "run": run}
+
+
 def climb(rate: float, scenario: Scenario, slo_s: float, baseline_knobs: dict[str, Any],
           ladder: Sequence[Rung] = LADDER, progress: Any = print) -> list[dict[str, Any]]:
     """Try each rung alone on top of `baseline_knobs` (one knob at a time), cheapest first, at
-    `rate`; stop at the first whose p99 E2E clearly meets `slo_s` (`meets_slo`). Rows: cost,
-    change, p99 (s), mean (s), throughput (requests/s), met, confidence; rungs not tried say why."""
+    `rate`; stop at the first whose p99 E2E clearly meets `slo_s` (`meets_slo`). Rows of
+    `try_rung`; rungs not tried say why."""
     rows: list[dict[str, Any]] = []
     met = False
     for rung in ladder:
-        row: dict[str, Any] = {"cost": rung.cost, "change": rung.change}
-        if met:
-            row["skipped"] = "an earlier rung met the SLO"
-        elif rung.knobs is None:
-            row["skipped"] = "labkit serve has no such path"
-        else:
-            knobs = {**baseline_knobs, **rung.knobs}
-            with serve(knobs.pop("preprocess"), **knobs) as srv:
-                run = at_rate(srv, rate, scenario)
-            met, conf = meets_slo(run.e2e(), slo_s)
-            row.update(p99=run.p99(), mean=run.mean(), throughput=run.result.summary()["throughput_rps"],
-                       cpu_util=run.cpu_util, met=met, confidence=conf, run=run)
-            met = row["met"]
+        row = ({"cost": rung.cost, "change": rung.change, "skipped": "an earlier rung met the SLO"} if met
+               else try_rung(rung, rate, scenario, slo_s, baseline_knobs))
+        met = met or bool(row.get("met"))
         rows.append(row)
         if progress:
             progress(format_rung(row, slo_s))
     return rows
+
+
+def walk(size: str, scenario: Scenario | None = None, progress: Any = None) -> dict[str, Any]:
+    """The whole case on the real server, in the method's order: size the scenario (the fixed
+    service's capacity -> rate and store delay), the shipped service unloaded (-> SLO) and at
+    the rate (profiled), the fix ladder, the fixed stage at the same rate (the ladder's code-fix
+    run, or one of its own), and the planned project, int8 weights, with the bug still in place."""
+    from labkit import presets
+
+    P = presets.sizes("case", size)
+    sc = scenario or Scenario(requests=P["requests"], unloaded_requests=P["unloaded_requests"],
+                              capacity_requests=P["capacity_requests"])
+    point, cap_run = size_scenario(sc)
+    shipped = {"preprocess": "global_lock", "store_delay_s": point.store_delay_s}
+    with serve(**shipped) as srv:
+        base = unloaded(srv, sc)
+        slo = sc.slo_factor * base.p99
+        unsafe = at_rate(srv, point.rate_rps, sc, profile_s=P["profile_s"])
+    ladder = climb(point.rate_rps, sc, slo, shipped, progress=progress)
+    by_cost = {r["cost"]: r for r in ladder}
+    fixed = by_cost["code fix"].get("run") or try_rung(LADDER[2], point.rate_rps, sc, slo, shipped)["run"]
+    quantized = by_cost[COMPRESSION.cost]
+    if "run" not in quantized:
+        quantized = try_rung(COMPRESSION, point.rate_rps, sc, slo, shipped)
+    return {"scenario": sc, "point": point, "capacity_run": cap_run, "base": base, "slo": slo, "rate": point.rate_rps,
+            "unsafe": unsafe, "ladder": ladder, "fixed": fixed, "quantized": quantized["run"]}
 
 
 def format_rung(row: dict[str, Any], slo_s: float) -> str:
@@ -358,6 +458,7 @@ def burst(srv: Any, n: int, scenario: Scenario) -> dict[str, Any]:
 # Span groups drawn, in path order, and their colours (distinct hues, colour-blind safe).
 SPAN_GROUPS = (("stage: waiting for a worker", ("stage_queue",), "#cc79a7"),
                ("stage: waiting for the lock", ("stage_lock",), "#d55e00"),
+               ("stage: waiting for the store", ("stage_store",), "#009e73"),
                ("stage: working, or tokenize", ("stage_work", "tokenize"), "#f0b27a"),
                ("engine queue", ("queue",), "#e69f00"),
                ("prefill", ("prefill",), "#0072b2"),

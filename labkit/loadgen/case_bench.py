@@ -1,12 +1,15 @@
 """`python -m labkit.loadgen.case_bench [--quick]`: the case study's figures (notebook 09), in one run.
 
-1. The service with the unsafe stage, unloaded: p50/p99 E2E; the SLO (3x the unloaded p99).
-2. The same service at the operating rate (70% of what it sustains one request at a time):
-   p99 and mean E2E, the span breakdown of the tail, how well the server's spans explain the
-   client's E2E, and the share of profiler samples at the stage's lock.
-3. The fix ladder, cheapest rung first, each at the same rate: p99, mean, throughput.
-4. The unsafe / fixed ratios of p99 and of the mean, and the C21/C22 verdicts.
-5. The knee as an operating limit: a burst against the default queue bound and the one
+1. The scenario sized on this machine: the fixed service's capacity (closed loop), the rate
+   (50% of it) and the document store's delay (lock held 80% of the time at that rate).
+2. The shipped service (global lock around the shared store client), unloaded: p50/p99 E2E;
+   the SLO (3x the unloaded p99).
+3. The same service at the rate: p50/p99/mean E2E, the span breakdown of the tail, how well
+   the server's spans explain the client's E2E, the profile's lines at the stage's lock.
+4. The fix ladder, cheapest rung first, each at the same rate; the fixed stage; int8 weights
+   with the bug still in place.
+5. The unsafe / fixed ratios and the C21/C22 verdicts.
+6. The knee as an operating limit: a burst against the default queue bound and the one
    Little's law gives.
 Everything runs on loopback against `labkit serve`; ``--json PATH`` writes the figures.
 """
@@ -42,46 +45,52 @@ def body(size: str) -> dict[str, Any]:
 
     P = presets.sizes("case", size)
     w = verdicts.walked(size)
-    base, unsafe, slo, rate = w["base"], w["unsafe"], w["slo"], w["rate"]
+    pt, base, unsafe, fixed, quant, slo = w["point"], w["base"], w["unsafe"], w["fixed"], w["quantized"], w["slo"]
+    print(pt.derivation())
     print(f"unloaded ({len(base.run.e2e())} requests, one at a time): p50 {1e3 * base.p50:.0f} ms, p99 "
-          f"{1e3 * base.p99:.0f} ms; CPU {1e3 * base.cpu_per_request_s:.0f} ms per request -> capacity "
-          f"{base.capacity_rps:.1f} req/s on {base.run.cores} cores; one at a time {base.serial_rps:.1f} req/s")
-    print(f"SLO: p99 E2E <= {1e3 * slo:.0f} ms; operating rate {rate:.2f} req/s")
+          f"{1e3 * base.p99:.0f} ms -> SLO: p99 E2E <= {1e3 * slo:.0f} ms")
+    print(verdicts.c22_prediction(w))
     spans = case.span_breakdown(unsafe.result.measured)
     agree = case.span_agreement(unsafe.result.measured)
     lock = case.lock_share(unsafe.stacks)
-    print(f"unsafe at {rate:.2f} req/s: p99 {1e3 * unsafe.p99():.0f} ms, mean {1e3 * unsafe.mean():.0f} ms, server CPU "
-          f"{100 * unsafe.cpu_util:.0f}% of the cores, machine {100 * unsafe.machine_util:.0f}%")
+    print(f"unsafe at {pt.rate_rps:.2f} req/s: p50 {1e3 * unsafe.p50():.0f} ms ({unsafe.p50() / base.p50:.1f}x unloaded), "
+          f"p99 {1e3 * unsafe.p99():.0f} ms ({unsafe.p99() / base.p99:.1f}x), mean {1e3 * unsafe.mean():.0f} ms; server "
+          f"CPU {100 * unsafe.cpu_util:.0f}% of the cores, machine {100 * unsafe.machine_util:.0f}%")
     print("tail spans (ms): " + ", ".join(f"{k} {1e3 * v:.0f}" for k, v in spans["tail"].items() if k != "requests"))
     print(f"server spans / client E2E: {100 * agree['server_share']:.1f}% per request on average; wire "
           f"{1e3 * agree['wire_s']:.1f} ms; {100 * lock:.0f}% of busy samples at the stage's lock")
+    for t in (unsafe.stacks or {}).get("top", [])[:4]:
+        print(f"  {100 * t['share']:5.1f}%  {t['frame'][:140]}  [{len(t['threads'])} thread(s)]")
     print("fix ladder:")
     for row in w["ladder"]:
         print(case.format_rung(row, slo))
-    fixed = w["fixed"]
     p99_ratio, mean_ratio = unsafe.p99() / fixed.p99(), unsafe.mean() / fixed.mean()
     print(f"fixed at the same rate: p99 {1e3 * fixed.p99():.0f} ms, mean {1e3 * fixed.mean():.0f} ms, machine "
           f"{100 * fixed.machine_util:.0f}% -> unsafe/fixed p99 {p99_ratio:.2f}x, mean {mean_ratio:.2f}x")
+    print(f"int8 weights with the bug: p99 {1e3 * quant.p99():.0f} ms ({quant.p99() / unsafe.p99():.2f}x the unsafe p99; "
+          f"{'meets' if quant.p99() <= slo else 'misses'} the SLO)")
     v22, v21 = verdicts.run_c22(size), verdicts.run_c21(size)
     for v in (v22, v21):
         print(f"{v.claim} {v.outcome}: {v.reason}")
-    with case.serve("per_thread") as srv:
-        over = case.at_rate(srv, P["overload"] * base.capacity_rps, w["scenario"])
+    with case.serve("per_thread", pt.store_delay_s) as srv:
+        over = case.at_rate(srv, P["overload"] * pt.capacity_rps, w["scenario"])
     capacity = over.result.summary()["throughput_rps"]
     bound = case.queue_bound(capacity, slo, base.p50)
     bursts = {}
     for label, knobs in (("default", {}), ("littles_law", {"max_queue": bound})):
-        with case.serve("per_thread", **knobs) as srv:
+        with case.serve("per_thread", pt.store_delay_s, **knobs) as srv:
             bursts[label] = b = case.burst(srv, P["burst"] * bound, w["scenario"])
         print(f"burst of {b['sent']} against the {label} bound: {b['completed']} completed, {b['rejected']} 429, "
               f"p99 {1e3 * b['p99']:.0f} ms ({'within' if b['p99'] <= slo else 'over'} the SLO)")
     met = next((r for r in w["ladder"] if r.get("met")), None)
     ladder = [{k: v for k, v in r.items() if k != "run"} for r in w["ladder"]]
-    return {"size": size, "unloaded_p50_s": base.p50, "unloaded_p99_s": base.p99, "slo_s": slo, "rate_rps": rate,
-            "unsafe_p99_s": unsafe.p99(), "unsafe_mean_s": unsafe.mean(), "fixed_p99_s": fixed.p99(),
-            "fixed_mean_s": fixed.mean(), "p99_ratio": p99_ratio, "mean_ratio": mean_ratio,
-            "p99_vs_unloaded": unsafe.p99() / base.p99, "tail_spans_s": spans["tail"], "span_agreement": agree,
-            "lock_share": lock if math.isfinite(lock) else None, "ladder": ladder,
+    return {"size": size, "capacity_rps": pt.capacity_rps, "store_delay_s": pt.store_delay_s, "rate_rps": pt.rate_rps,
+            "lock_load": pt.lock_load, "unloaded_p50_s": base.p50, "unloaded_p99_s": base.p99, "slo_s": slo,
+            "unsafe_p50_s": unsafe.p50(), "unsafe_p99_s": unsafe.p99(), "unsafe_mean_s": unsafe.mean(),
+            "fixed_p99_s": fixed.p99(), "fixed_mean_s": fixed.mean(), "quantized_p99_s": quant.p99(),
+            "p99_ratio": p99_ratio, "mean_ratio": mean_ratio, "p99_vs_unloaded": unsafe.p99() / base.p99,
+            "tail_spans_s": spans["tail"], "span_agreement": agree, "lock_share": lock if math.isfinite(lock) else None,
+            "profile_top": (unsafe.stacks or {}).get("top", [])[:6], "ladder": ladder,
             "rung_met": met["cost"] if met else "none", "queue_bound": bound, "overload_capacity_rps": capacity,
             "bursts": bursts, "verdicts": {v.claim: v.outcome for v in (v22, v21)}}
 

@@ -88,7 +88,7 @@ class Service:
             if use_stage:
                 started = time.monotonic()
                 ids, info, done = self.stage.begin(req.prompt)
-                return ids, done, {"stage_queue": started - t0, "stage_lock": info["lock_wait_s"]}
+                return ids, done, {"stage_queue": started - t0, **{k: v for k, v in info.items() if k.startswith("stage_")}}
             return (self.tok.encode(req.prompt) if isinstance(req.prompt, str) else req.prompt), _nothing, {}
 
         t0 = time.monotonic()

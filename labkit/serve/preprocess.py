@@ -1,25 +1,23 @@
 """The server's pre-processing stage: a retrieval-augmented request path ahead of the model.
 
-    normalise -> retrieve (BM25 candidates) -> rerank (query likelihood) -> template -> tokenize
+    normalise -> retrieve (BM25 candidate ids) -> fetch their texts from the document store
+    -> rerank (query likelihood) -> template -> tokenize
 
-The rerank step scores each of `rerank_k` BM25 candidates by how likely the model finds
-the question after the passage (the mean log-probability of the question's tokens; the
-zero-shot reranker of Sachan et al., 2022, "UPR"). It is a batched forward pass of the
-served model, so the stage costs real compute and, being torch work, releases the GIL:
-stages of different requests can run side by side on different cores.
+The search index is local; the passages live in a document store across the network, here a
+real process on loopback (`labkit.serve.docstore`) whose answer time is a stated parameter
+(`store_delay_s`). The rerank step scores each candidate by how likely the model finds the
+question after the passage (the mean log-probability of the question's tokens; the zero-shot
+reranker of Sachan et al., 2022, "UPR"): a batched forward pass of the served model.
 
 Two implementations of the same stage give the same prompt for the same question:
 
-* ``global_lock``: the reranker keeps ONE preallocated input buffer and reuses it from
-  request to request (chapter 3's memory reuse). Two requests at once would overwrite each
-  other's inputs, and whoever wrote it scoped the lock to the request rather than to the
-  buffer: a process-wide lock is taken when the stage starts and released only when the
-  answer is finished (`Stage.begin` -> `done`). Requests take turns through the whole
-  service, and the engine never sees two at once. This is the concurrency bug of the case
-  study (claim C22); real services ship it as a lock around a shared, non-thread-safe
-  pipeline object.
-* ``per_thread``: each worker thread owns its buffer (`threading.local`) and each request
-  its state, so nothing is shared and nothing is locked.
+* ``global_lock``: ONE store client for the process. The client keeps one connection and is
+  not safe for concurrent use (`StoreClient` refuses a second caller), so whoever wrote the
+  stage wrapped the call and the parsing of its answer in a process-wide lock. While the
+  holder waits on the socket for the store, every other request queues at the lock, however
+  many cores are idle. This is the concurrency bug of the case study (claim C22).
+* ``per_thread``: each worker thread owns its client (`threading.local`), so nothing is
+  shared and nothing is locked: many requests wait for the store at once.
 
 ``off`` skips the stage: the prompt is tokenized as it came.
 """
@@ -28,7 +26,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import os
 import threading
 import time
 import unicodedata
@@ -36,8 +33,14 @@ from typing import Any, Callable
 
 import torch
 
+from labkit.serve.docstore import StoreClient, StoreProcess, check_delay
+
 IMPLEMENTATIONS = ("off", "global_lock", "per_thread")
 TEMPLATE = "{context}\n\nQUESTION.\n{query}\n\nANSWER.\n"
+# Worker threads of the stage when `workers` is 0. The stage mostly waits on a socket, so it
+# is sized for I/O, not for cores: threads that wait cost no CPU (the fixed stage must be able
+# to keep many requests in flight on a 2-core laptop).
+IO_WORKERS = 32
 
 
 def check_implementation(name: str) -> str:
@@ -50,15 +53,17 @@ def check_implementation(name: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class StageConfig:
-    """rerank_k: BM25 candidates the reranker scores; passage_tokens: tokens of each
-    candidate it reads (and of the passage put in the prompt); n_docs: passages in the
-    store (None: the whole corpus); workers: threads that run the stage (0: one per core)."""
+    """rerank_k: BM25 candidates fetched and reranked; passage_tokens: tokens of each candidate
+    the reranker reads (and of the passage put in the prompt); n_docs: passages in the store
+    (None: the whole corpus); workers: threads that run the stage (0: IO_WORKERS);
+    store_delay_s: the document store's answer time (s)."""
 
     implementation: str = "per_thread"
     rerank_k: int = 4
     passage_tokens: int = 48
     n_docs: int | None = None
     workers: int = 0
+    store_delay_s: float = 0.0
 
     def __post_init__(self) -> None:
         check_implementation(self.implementation)
@@ -67,29 +72,21 @@ class StageConfig:
             if not (isinstance(v, int) and v >= 1):
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
         if not (isinstance(self.workers, int) and self.workers >= 0):
-            raise ValueError(f"workers must be an integer >= 0 (0 = one per core), got {self.workers!r}")
+            raise ValueError(f"workers must be an integer >= 0 (0 = {IO_WORKERS}, sized for I/O), got "
+                             f"{self.workers!r}")
+        check_delay(self.store_delay_s)
 
 
 class Reranker:
-    """Query-likelihood reranking with the served model, into a reusable input buffer.
+    """Query-likelihood reranking with the served model; each calling thread reuses its own
+    input buffer (chapter 3's memory reuse, without sharing)."""
 
-    `buffers` decides who owns the buffer: "shared" (one for the process, so callers must
-    hold `lock`) or "per_thread" (one per calling thread)."""
-
-    def __init__(self, model: Any, rows: int, buffers: str):
-        if buffers not in ("shared", "per_thread"):
-            raise ValueError(f"buffers {buffers!r} unknown; choose 'shared' or 'per_thread'")
-        self.model, self.rows, self.buffers = model, rows, buffers
-        self._shared: torch.Tensor | None = None
+    def __init__(self, model: Any, rows: int):
+        self.model, self.rows = model, rows
         self._local = threading.local()
 
     def _buffer(self, width: int) -> torch.Tensor:
-        """The (rows, width) token buffer this call writes its inputs into."""
-        if self.buffers == "shared":
-            buf = self._shared
-            if buf is None or buf.shape[1] < width:
-                buf = self._shared = torch.zeros(self.rows, width, dtype=torch.long, device=self.model.device)
-            return buf[:, :width]
+        """This thread's (rows, width) token buffer."""
         buf = getattr(self._local, "buf", None)
         if buf is None or buf.shape[1] < width:
             buf = self._local.buf = torch.zeros(self.rows, width, dtype=torch.long, device=self.model.device)
@@ -111,70 +108,89 @@ class Reranker:
 class Stage:
     """The pre-processing stage of `labkit serve`: `run(query)` -> (prompt token ids, info).
 
-    `pool` is the stage's own worker threads (`workers`), so the stage's concurrency is one
-    knob: more workers than cores only time-share them, and stretch every request. `info` holds the retrieved passage index and, in s, how long the call waited for the
-    stage's lock (`lock_wait_s`, 0 without one) and worked (`work_s`)."""
+    It starts the document store (`StoreProcess`) and stops it in `close()`. `pool` is the
+    stage's own worker threads (`workers`). `info` holds the chosen passage's index and, in s,
+    how long the call waited for the stage's lock (`stage_lock`, 0 without one), for the
+    store's answer (`stage_store`) and the whole stage took (`work_s`)."""
 
     def __init__(self, model: Any, tokenizer: Any, config: StageConfig | None = None):
         from labkit.pipeline import doc_store
 
         self.cfg = config or StageConfig()
-        self.tok, self.store = tokenizer, doc_store(self.cfg.n_docs)
+        self.tok, self.index = tokenizer, doc_store(self.cfg.n_docs)  # the local search index
+        self.reranker = Reranker(model, self.cfg.rerank_k)
+        self.store = StoreProcess(self.cfg.store_delay_s, self.cfg.n_docs)
         shared = self.cfg.implementation == "global_lock"
-        self.reranker = Reranker(model, self.cfg.rerank_k, "shared" if shared else "per_thread")
         self.lock = threading.Lock() if shared else None
-        self.pool = concurrent.futures.ThreadPoolExecutor(self.cfg.workers or os.cpu_count() or 1,
-                                                          thread_name_prefix="stage")
-        self._passage_ids: dict[int, list[int]] = {}  # tokenized passages, filled as they are used
+        self._shared_client = StoreClient(self.store.address) if shared else None
+        self._local = threading.local()
+        self._clients: list[StoreClient] = []  # every client made, closed with the stage
+        self.pool = concurrent.futures.ThreadPoolExecutor(self.cfg.workers or IO_WORKERS, thread_name_prefix="stage")
 
-    def _passage(self, i: int) -> list[int]:
-        """Passage `i`'s first `passage_tokens` tokens, left-padded with its own start if short."""
-        ids = self._passage_ids.get(i)
-        if ids is None:
-            full = self.tok.encode(self.store.docs[i]) or [0]
-            P = self.cfg.passage_tokens
-            ids = (full * -(-P // len(full)))[:P]
-            self._passage_ids[i] = ids  # a dict write is atomic under the GIL; the value is the same for all
-        return ids
+    def _client(self) -> StoreClient:
+        """This thread's own store client (the fixed stage)."""
+        client = getattr(self._local, "client", None)
+        if client is None:
+            client = self._local.client = StoreClient(self.store.address)
+            self._clients.append(client)  # list.append is atomic under the GIL
+        return client
 
-    def _work(self, query: str) -> tuple[list[int], int]:
+    def _fetch_and_parse(self, client: StoreClient, ids: list[int]) -> list[list[int]]:
+        """The candidates' texts from the store, as `passage_tokens` token ids each (repeated
+        from their own start when short)."""
+        P = self.cfg.passage_tokens
+        out = []
+        for text in client.fetch(ids):
+            full = self.tok.encode(text) or [0]
+            out.append((full * -(-P // len(full)))[:P])
+        return out
+
+    def _work(self, query: str) -> tuple[list[int], dict[str, Any]]:
+        t0 = time.perf_counter()
         text = " ".join(unicodedata.normalize("NFKC", query).split())
-        hits = self.store.search(text, self.cfg.rerank_k) or [(0, 0.0)]
+        cands = [i for i, _ in self.index.search(text, self.cfg.rerank_k)] or [0]
         q_ids = self.tok.encode(text) or [0]
-        cands = [i for i, _ in hits]
-        scores = self.reranker.scores([self._passage(i) for i in cands], q_ids)
-        best = cands[max(range(len(cands)), key=lambda j: (scores[j], -j))]
-        context = self.tok.decode(self._passage(best))
-        return self.tok.encode(TEMPLATE.format(context=context, query=text)), best
+        t_ask = time.perf_counter()
+        if self.lock is None:
+            passages = self._fetch_and_parse(self._client(), cands)
+            lock_wait, t_got = 0.0, time.perf_counter()
+        else:
+            with self.lock:  # the shared client is not safe for concurrent use: one caller at a time
+                t_in = time.perf_counter()
+                passages = self._fetch_and_parse(self._shared_client, cands)
+            lock_wait, t_got = t_in - t_ask, time.perf_counter()
+        scores = self.reranker.scores(passages, q_ids)
+        j = max(range(len(cands)), key=lambda j: (scores[j], -j))
+        context = self.tok.decode(passages[j])
+        ids = self.tok.encode(TEMPLATE.format(context=context, query=text))
+        info = {"passage": cands[j], "stage_lock": lock_wait, "stage_store": t_got - t_ask - lock_wait,
+                "work_s": time.perf_counter() - t0}
+        return ids, info
 
     def begin(self, query: str) -> tuple[list[int], dict[str, Any], Callable[[], None]]:
-        """Prompt ids for `query`, timings (s), and `done`: call it when the request's answer is
-        finished (idempotent). Under ``global_lock`` the stage's shared state stays claimed until
-        then. Call from worker threads, not the event loop."""
-        t0 = time.perf_counter()
-        if self.lock is None:
-            ids, best = self._work(query)
-            return ids, {"passage": best, "lock_wait_s": 0.0, "work_s": time.perf_counter() - t0}, _nothing
-        self.lock.acquire()  # released by done(): the shared buffer holds this request's passage until then
-        t1 = time.perf_counter()
-        try:
-            ids, best = self._work(query)
-        except BaseException:
-            self.lock.release()
-            raise
-        released = threading.Event()
+        """Prompt ids for `query`, timings (s), and `done` (call it when the request's answer is
+        finished; the stage holds nothing past its own return, so it does nothing). Call from
+        worker threads, not the event loop."""
+        ids, info = self._work(query)
+        return ids, info, _nothing
 
-        def done() -> None:
-            if not released.is_set():
-                released.set()
-                self.lock.release()
-        return ids, {"passage": best, "lock_wait_s": t1 - t0, "work_s": time.perf_counter() - t1}, done
+    def run(self, query: str) -> tuple[list[int], dict[str, Any]]:
+        """Prompt ids and timings (s) for `query`."""
+        return self._work(query)
 
-    def run(self, query: str) -> tuple[list[int], dict[str, float]]:
-        """`begin` for a request that ends at once: prompt ids and timings (s)."""
-        ids, info, done = self.begin(query)
-        done()
-        return ids, info
+    def __enter__(self) -> "Stage":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the worker threads, close the store clients and stop the store process."""
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        for c in [self._shared_client, *self._clients]:
+            if c is not None:
+                c.close()
+        self.store.close()
 
 
 def _nothing() -> None:

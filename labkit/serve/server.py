@@ -63,11 +63,16 @@ class ServerConfig(EngineSettings):
                                             "preset's name)", type=str)
     max_body_bytes: int = setting(DEFAULT_MAX_BODY_BYTES, "request bodies larger than this get 413, unread (bytes)")
     preprocess: str = setting("off", "pre-processing stage for text prompts of /v1/completions (retrieve, "
-                              "rerank, template; labkit.serve.preprocess): off | global_lock (one shared "
-                              "buffer, one process-wide lock) | per_thread (a buffer per worker thread)",
+                              "fetch, rerank, template; labkit.serve.preprocess): off | global_lock (one shared "
+                              "document-store client behind a process-wide lock) | per_thread (a client per "
+                              "worker thread)",
                               choices=IMPLEMENTATIONS)
     rerank_k: int = setting(4, "pre-processing: BM25 candidates the reranker scores with the model")
-    stage_workers: int = setting(0, "pre-processing: worker threads that run the stage (0 = one per core)")
+    stage_workers: int = setting(0, "pre-processing: worker threads that run the stage (0 = 32, sized for I/O)")
+    store_delay_ms: float = setting(0.0, "pre-processing: the document store's answer time (ms), the network round "
+                                    "trip and the store's work (labkit.serve.docstore)")
+    quantize: str | None = setting(None, "serve the model with quantized weights: a labkit.quant scheme, e.g. int8 "
+                                   "(default: as trained)", type=str)
     engine: str = setting("proc", "where the engine steps: proc (its own process, as vLLM's EngineCore: the HTTP "
                           "side and the engine each get an interpreter lock) | inproc (a thread of the server "
                           "process, sharing its lock)", choices=ENGINE_MODES)
@@ -78,7 +83,11 @@ class ServerConfig(EngineSettings):
             raise ValueError(f"cache {self.cache!r} unknown; choose None or one of {', '.join(CACHES)}")
         if self.engine not in ENGINE_MODES:
             raise ValueError(f"engine {self.engine!r} unknown; choose one of {', '.join(ENGINE_MODES)}")
-        StageConfig(self.preprocess, rerank_k=self.rerank_k, workers=self.stage_workers)  # raises naming the choices
+        self.stage_config()  # raises naming the bad value and the choices
+        if self.quantize is not None:
+            from labkit.quant.core import parse_scheme
+
+            parse_scheme(self.quantize)  # raises naming the bad scheme
         if not (isinstance(self.port, int) and 0 <= self.port <= 65535):
             raise ValueError(f"port must be an integer in 0..65535 (0 = any free port), got {self.port!r}")
         if not (isinstance(self.threads, int) and self.threads >= 0):
@@ -91,6 +100,11 @@ class ServerConfig(EngineSettings):
             v = getattr(self, name)
             if v is not None and not (isinstance(v, str) and v.strip() and v.isprintable()):
                 raise ValueError(f"{name} must be a non-empty printable string or None, got {v!r}")
+
+    def stage_config(self) -> StageConfig:
+        """The pre-processing stage's settings from this config."""
+        return StageConfig(self.preprocess, rerank_k=self.rerank_k, workers=self.stage_workers,
+                           store_delay_s=self.store_delay_ms / 1e3)
 
     def engine_config(self, eos_id: int | None) -> EngineConfig:
         """The engine's settings from this config, with the tokenizer's `eos_id`."""
@@ -107,17 +121,24 @@ class ServerConfig(EngineSettings):
         return out
 
 
-def load_model(preset: str, device: str = "auto") -> Any:
-    """The decoder to serve: the trained checkpoint for "tiny", random weights otherwise."""
+def load_model(preset: str, device: str = "auto", quantize: str | None = None) -> Any:
+    """The decoder to serve: the trained checkpoint for "tiny", random weights otherwise;
+    with `quantize` (a labkit.quant scheme) its linear layers' weights quantized."""
     from labkit.device import pick
     from labkit.model import Transformer, load_tiny
 
     dev = pick(device)
     if preset == "tiny":
-        return load_tiny(device=dev).eval()
-    print(f"labkit serve: preset {preset!r} has no trained checkpoint; serving random weights "
-          "(speed work only, the text is noise)", flush=True)
-    return Transformer.from_preset(preset, device=dev)
+        model = load_tiny(device=dev).eval()
+    else:
+        print(f"labkit serve: preset {preset!r} has no trained checkpoint; serving random weights "
+              "(speed work only, the text is noise)", flush=True)
+        model = Transformer.from_preset(preset, device=dev)
+    if quantize is not None:
+        from labkit.quant.linear import quantize_model
+
+        model = quantize_model(model, quantize, inplace=True)
+    return model
 
 
 def trained_context() -> int | None:
@@ -153,11 +174,11 @@ def build(cfg: ServerConfig):
         from labkit.serve.core import CoreSpec, EngineProc
 
         engine = EngineProc(CoreSpec(cfg.preset, cfg.device, cfg.threads, cfg.engine_config(tok.eos_id),
-                                     cfg.log_level, getattr(cfg, "quantize", None)))
+                                     cfg.log_level, cfg.quantize))
         # The stage's reranker runs the model here, in the server process: its own copy, loaded only then.
         model = engine.model if cfg.preprocess != "off" else None
     else:
-        model = load_model(cfg.preset, cfg.device)
+        model = load_model(cfg.preset, cfg.device, cfg.quantize)
         check_model(model, cfg.preset, cfg.max_model_len)
         engine = Engine(model, cfg.engine_config(tok.eos_id))
     if tok.vocab_size > engine.vocab:
@@ -172,7 +193,7 @@ def build(cfg: ServerConfig):
     if cfg.preprocess != "off":
         from labkit.serve.preprocess import Stage
 
-        stage = Stage(model, tok, StageConfig(cfg.preprocess, rerank_k=cfg.rerank_k, workers=cfg.stage_workers))
+        stage = Stage(model, tok, cfg.stage_config())  # starts the document store; closed at shutdown
         stage.run("warm up the stage")  # builds the document index now, not on the first request
     service = Service(engine, tok, cfg.served_model_name or cfg.preset, cache, stage)
     service.api_key, service.max_body_bytes = cfg.api_key, cfg.max_body_bytes  # read by surface.install
@@ -231,6 +252,8 @@ def run(cfg: ServerConfig, port_file: str | None = None) -> int:
     finally:
         engine.begin_shutdown(0.0)
         engine.join(10.0)
+        if service.stage is not None:
+            service.stage.close()  # the document store process goes with the server
     return 0
 
 

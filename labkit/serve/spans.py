@@ -20,9 +20,10 @@ Two details split `preprocess` (they are part of it, not added to the sum):
 
     stage_queue  waiting for one of the stage's worker threads (a busy pool: more work than workers)
     stage_lock   waiting for the stage's lock (a shared resource held by another request)
+    stage_store  waiting for the document store's answer (`labkit.serve.docstore`)
 
-so a tail in pre-processing shows which kind of wait it is: capacity (the queue) or a resource
-that serialises requests (the lock).
+so a tail in pre-processing shows which kind of wait it is: capacity (the queue), a resource
+that serialises requests (the lock), or a slow dependency (the store).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import math
 from typing import Any
 
 SPANS = ("preprocess", "tokenize", "queue", "prefill", "decode", "post", "other")
-DETAILS = ("stage_queue", "stage_lock")  # parts of "preprocess", reported beside the spans
+DETAILS = ("stage_queue", "stage_lock", "stage_store")  # parts of "preprocess", reported beside the spans
 FIELD = "labkit_spans"
 HEADER = "X-Labkit-Spans"
 

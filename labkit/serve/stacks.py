@@ -8,7 +8,9 @@ line that made the call, e.g. the ``with self.lock:`` line of a lock it waits fo
 
 Frames where a thread idles (an executor thread waiting for work, the event loop waiting
 for sockets) are counted apart as "idle", so the table shows where threads work or wait
-for something that matters.
+for something that matters. A thread blocked reading a socket for an answer (a database, a
+document store) is not idle: it waits for a resource, and its line says which labkit call
+made the read (" <- serve/docstore.py:... fetch").
 """
 
 from __future__ import annotations
@@ -22,16 +24,34 @@ from typing import Any
 
 # (file name ends with, function) of frames where a thread waits for work, not for a resource.
 IDLE = (("threading.py", "wait"), ("queue.py", "get"), ("selectors.py", "select"),
-        ("concurrent/futures/thread.py", "_worker"), ("threading.py", "_wait_for_tstate_lock"))
+        ("concurrent/futures/thread.py", "_worker"), ("threading.py", "_wait_for_tstate_lock"),
+        # a thread reading the engine process's pipe waits for its next step's outputs
+        ("multiprocessing/connection.py", "_recv"), ("multiprocessing/connection.py", "_poll"))
 MAX_SECONDS, MAX_HZ = 30.0, 1000.0
 
 
-def _where(frame: Any) -> str:
+def _one(frame: Any) -> str:
     code = frame.f_code
     line = linecache.getline(code.co_filename, frame.f_lineno).strip()
     name = code.co_filename.replace("\\", "/")
     short = name.split("/labkit/")[-1] if "/labkit/" in name else name.rsplit("/", 1)[-1]
     return f"{short}:{frame.f_lineno} {code.co_name}: {line}"
+
+
+def _ours(frame: Any) -> bool:
+    return "/labkit/" in frame.f_code.co_filename.replace("\\", "/")
+
+
+def _where(frame: Any) -> str:
+    """The innermost frame; when it is outside labkit (a socket read, a library call), the
+    nearest labkit frame that led there too, after " <- " (which of our lines is waiting)."""
+    here = _one(frame)
+    if _ours(frame):
+        return here
+    caller = frame.f_back
+    while caller is not None and not _ours(caller):
+        caller = caller.f_back
+    return here if caller is None else f"{here} <- {_one(caller)}"
 
 
 def _idle(frame: Any) -> bool:
