@@ -26,6 +26,20 @@ def test_c15_holds_and_fails():
     assert ch5.judge_c15(p, 0.010, 0.012, 8, _s(2.0, 1.0), _s(2.0, 1.0), 1.0, 1.0).outcome == FAILS
 
 
+def test_c15_measured_like_outcomes_and_engine_steps(one_thread):
+    from labkit.model import Transformer
+
+    p = ch5.predict_c15(148.6e6, 4096, 64, 8)  # C10's smoke model: 142 MiB of fp32 weights
+    # a smoke run on a 2-core VM: a batch-8 step cost 2.4-2.7x a batch-1 step (3.0-3.4x the tokens,
+    # under half the ~7.9x predicted); the real server: static 1.8x continuous's p99, 8.4x for short requests
+    summary = dict(static=_s(7.3, 2.9), continuous=_s(4.0, 2.91), short_static_s=3.4, short_continuous_s=0.4)
+    v = ch5.judge_c15(p, 0.0137, 0.0334, 8, summary["static"], summary["continuous"], 3.4, 0.4)
+    assert v.outcome == FAILS and "tokens per step" in v.reason
+    assert ch5.judge_c15(p, 0.0137, 0.0180, 8, summary["static"], summary["continuous"], 3.4, 0.4).outcome == HOLDS
+    steps = ch5.engine_step_times(Transformer.from_preset("tiny"), (1, 2), prompt=8, steps=4, rounds=1)
+    assert set(steps) == {1, 2} and all(t > 0 for t in steps.values())
+
+
 # ------------------------------------------------------------------------------- C16
 def test_c16_holds_and_fails():
     p = ch5.predict_c16(100.0, 30.0, 48, 48, 8, 8)

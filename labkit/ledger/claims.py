@@ -111,7 +111,8 @@ CLAIMS: dict[str, Claim] = {c.id: c for c in [
        "and of the smaller student", "ch4"),
     _c("C15", 5, "Batching amortises weight reads; static batching makes short requests wait; continuous "
        "batching fixes it.", "06_batching 08_p99_and_load",
-       "tokens per step vs batch measured; continuous vs static p99 at one rate", "ch5"),
+       "decode steps of the real engine on C10's memory-bound model, batch 1 vs 8; static vs continuous "
+       "batching on the real server at 60 % of static's measured capacity: p99 E2E and short requests' E2E", "ch5"),
     _c("C16", 5, "Mixed online + offline traffic in one FIFO hurts interactive latency; priorities or pools "
        "fix it.", "06_batching", "the real engine, interactive requests (30 % of its measured capacity) "
        "interleaved with a stream of offline jobs (65 %): interactive p99 TTFT alone, FIFO, priority", "ch5"),
