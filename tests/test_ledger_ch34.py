@@ -20,6 +20,26 @@ def test_c6_holds_and_fails():
         ch3.predict_c6(0, 1e-6)
 
 
+def test_c6_on_a_model_step_with_a_fitted_fixed_cost():
+    # a smoke run on a 2-core VM: intercept 1.72 µs (R^2 0.997), 214 ops in a tiny-decoder step of 1.70 ms
+    fit = {"intercept_s": 1.72e-6, "slope_s_per_element": 2.8e-10, "r2": 0.997}
+    p = ch3.predict_c6(214, fit["intercept_s"])
+    v = ch3.judge_c6(p, 214, 1.70e-3, fit)
+    assert v.outcome == FAILS and "22%" in v.reason           # the decoder's own work dominates here
+    assert ch3.judge_c6(p, 214, 0.60e-3, fit).outcome == HOLDS  # a machine where its matmuls are fast
+    noisy = dict(fit, r2=0.4)                                   # time did not grow with work: no intercept to trust
+    assert ch3.judge_c6(p, 214, 1.70e-3, noisy).outcome == INCONCLUSIVE
+
+
+def test_c6_fit_and_step_measure_on_this_machine(one_thread):
+    from labkit.model import Transformer
+
+    fit = ch3.fixed_cost_fit("cpu", widths=(16, 4096, 65536), ops=20, rounds=1)
+    assert set(fit["per_op_s"]) == {16, 4096, 65536} and fit["slope_s_per_element"] > 0
+    step = ch3.decode_step(Transformer.from_preset("tiny"), 8)
+    assert ch3.count_step_ops(step) > 50 and ch3.measure_c6_step(step, repeat=3) > 0
+
+
 # ------------------------------------------------------------------------------- C7
 def _chain(nodes, eager_k, fused_k, eager_s, fused_s):
     return {"aten_nodes": nodes, "eager_kernels": eager_k, "fused_kernels": fused_k, "eager_s": eager_s,

@@ -1,8 +1,9 @@
 """Chapter 3's claims: the eager per-op cost (C6), fusion (C7), Conv+BN+activation folding
 (C8) and memory without autograd (C9).
 
-C6 measures the cost of one tiny eager op on its own, predicts a chain of tiny ops to take
-ops x that cost, and times the chain. C7 compiles two memory-bound elementwise chains with
+C6 fits the time of one eager op against its work (elements) and takes the intercept as the
+fixed cost per op; the ops of one decode step of the trained tiny decoder are counted, the
+fixed cost's share predicted (ops x intercept), and the step timed. C7 compiles two memory-bound elementwise chains with
 ``torch.compile`` (one compile each), counts the ATen graph nodes inductor is handed and the
 kernels that run, and times eager vs fused. C8 folds BatchNorm into the conv and the ReLU
 into the conv's epilogue (oneDNN's fused conv on CPU), then compares outputs on random
@@ -12,7 +13,7 @@ on and under inference_mode.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from labkit.ledger.verdict import Prediction, Verdict, decide, distance_from_range, inconclusive
 
@@ -31,41 +32,103 @@ MEM_GAIN = 1.5
 
 
 # ------------------------------------------------------------------------------- C6
+# Widths (elements) of the op the fixed cost is fitted over: from nearly no work to enough
+# that the work shows (fp32, up to 128 KiB: in cache, one thread, so the slope is work alone).
+C6_WIDTHS = (16, 512, 2048, 8192, 32768)
+# The intercept is a fixed cost only if time grows linearly with work: R^2 of the fit.
+FIT_R2 = 0.9
+
+
+def fixed_cost_fit(device: Any = "cpu", widths: Sequence[int] = C6_WIDTHS, ops: int = 200,
+                   rounds: int = 3) -> dict[str, Any]:
+    """Seconds per eager op (`overhead.per_op_cost_s`: mul, add, sin) at each width, the best of
+    `rounds` interleaved rounds, and the least-squares line time = intercept + slope x elements.
+    The intercept (s) is the fixed cost an op pays whatever its work."""
+    import numpy as np
+
+    from labkit.fusion import overhead
+
+    best = {w: float("inf") for w in widths}
+    for _ in range(rounds):
+        for w in widths:
+            best[w] = min(best[w], overhead.per_op_cost_s(device, width=w, ops=ops))
+    x, y = np.array(list(best), float), np.array(list(best.values()))
+    slope, icpt = np.polyfit(x, y, 1)
+    fit = slope * x + icpt
+    r2 = 1 - float(np.sum((y - fit) ** 2)) / max(float(np.sum((y - y.mean()) ** 2)), 1e-30)
+    return {"intercept_s": float(icpt), "slope_s_per_element": float(slope), "r2": r2,
+            "per_op_s": {int(w): t for w, t in best.items()}}
+
+
+def decode_step(model: Any, context: int = 32) -> Any:
+    """A callable running one batch-1 decode step of `model` at `context` tokens (the cache
+    rewound each call, so every call does the same work)."""
+    import torch
+
+    cache = model.new_cache(1, context + 8)
+    with torch.inference_mode():
+        model.prefill(torch.ones(1, context, dtype=torch.long, device=model.device), cache)
+    tok = torch.ones(1, dtype=torch.long, device=model.device)
+
+    def step() -> None:
+        cache.rewind(context)
+        with torch.inference_mode():
+            model.decode_step(tok, cache)
+    return step
+
+
+def count_step_ops(step: Any, device: Any = "cpu") -> int:
+    """Ops the profiler sees in one call of `step` (counted, not timed)."""
+    from labkit.fusion import count
+
+    return count.count_ops(step, device=device).ops
+
+
 def predict_c6(n_ops: int, per_op_s: float) -> Prediction:
-    """A chain of `n_ops` tiny eager ops costs `n_ops` x `per_op_s` (s, measured on its own)."""
+    """A model step of `n_ops` eager ops pays `n_ops` x `per_op_s` (s: the fixed cost per op,
+    the intercept of time vs work) whatever its arithmetic."""
     if n_ops < 1 or per_op_s <= 0:
         raise ValueError(f"need n_ops >= 1 and per_op_s > 0, got n_ops={n_ops}, per_op_s={per_op_s}")
     pred = n_ops * per_op_s
-    return Prediction.of("C6", f"{n_ops} tiny ops x {per_op_s * 1e6:.2f} µs per op = {pred * 1e3:.2f} ms per forward; "
-                               "the arithmetic itself is negligible",
+    return Prediction.of("C6", f"{n_ops} ops x {per_op_s * 1e6:.2f} µs fixed cost per op = {pred * 1e3:.2f} ms of "
+                               "every step is launch cost; it is a large share if the step takes under "
+                               f"{pred / LARGE_SHARE * 1e3:.2f} ms",
                          ops=(n_ops, ""), **{"per-op cost": (per_op_s * 1e6, "µs"), "predicted": (pred * 1e3, "ms")})
 
 
-def judge_c6(prediction: Prediction, counted_ops: int, measured_s: float) -> Verdict:
-    """`counted_ops`: ops the profiler saw in one forward; `measured_s`: its time (s)."""
+def judge_c6(prediction: Prediction, counted_ops: int, measured_s: float, fit: dict[str, Any] | None = None) -> Verdict:
+    """`counted_ops`: ops the profiler saw in one model step; `measured_s`: its time (s);
+    `fit`: `fixed_cost_fit`'s line (its R^2 says whether a fixed cost was separable from work)."""
     predicted_s = prediction.values["predicted"].value / 1e3
     ratio = measured_s / predicted_s
     share = min(1 / ratio, 1.0)
-    ev = {"counted ops": (counted_ops, ""), "measured": (measured_s * 1e3, "ms"),
-          "measured / predicted": (ratio, "x"), "per-op cost share": (100 * share, "%")}
+    ev: dict[str, Any] = {"counted ops": (counted_ops, ""), "measured": (measured_s * 1e3, "ms"),
+                          "measured / fixed cost": (ratio, "x"), "fixed-cost share": (100 * share, "%")}
+    tol = (f"fixed-cost share (ops x intercept / step time) >= {100 * LARGE_SHARE:.0f}% ('a large share'); the step "
+           f">= {CONFIRM_LO:.2f}x ops x intercept; the time-vs-work fit R^2 >= {FIT_R2}")
+    if fit is not None:
+        ev["fit R^2"] = (fit["r2"], "")
+        ev["cost per element"] = (fit["slope_s_per_element"] * 1e9, "ns")
+        if fit["r2"] < FIT_R2 or fit["intercept_s"] <= 0:
+            return inconclusive(prediction, f"op time did not grow linearly with work (R^2 {fit['r2']:.2f}, "
+                                            f"intercept {fit['intercept_s'] * 1e6:.2f} µs): no fixed cost to "
+                                            "separate here", ev, tol)
     problems = []
     if share < LARGE_SHARE:
-        problems.append(f"the per-op cost explains only {100 * share:.0f}% of the time: the ops' own work dominates")
+        problems.append(f"the fixed cost per op explains only {100 * share:.0f}% of the step: its ops' own work "
+                        "dominates")
     if ratio < CONFIRM_LO:
-        problems.append(f"the chain ran {1 / ratio:.1f}x faster than ops x cost: the measured per-op cost "
-                        "does not describe these ops")
+        problems.append(f"the step ran {1 / ratio:.1f}x faster than ops x fixed cost: the fitted cost does not "
+                        "describe these ops")
     return decide(prediction, not problems,
-                  why_holds=f"the chain took {ratio:.2f}x ops x per-op cost: the fixed cost per op is "
-                            f"{100 * share:.0f}% of its time",
-                  why_not="; ".join(problems), evidence=ev,
-                  tolerance=f"share >= {100 * LARGE_SHARE:.0f}% ('a large share': at least half) and measured "
-                            f">= {CONFIRM_LO:.2f}x predicted")
+                  why_holds=f"{counted_ops} ops x the fixed cost are {100 * share:.0f}% of the step's time",
+                  why_not="; ".join(problems), evidence=ev, tolerance=tol)
 
 
 def measure_c6(n_ops: int, device: Any = "cpu", repeat: int = 20) -> dict[str, float]:
     """Ops counted by the profiler and seconds of one `TinyOps(n_ops)` forward: the fastest of
-    `repeat`, the statistic `per_op_cost_s` uses (on a shared machine a forward of a few ms is
-    often descheduled; the fastest run is the undisturbed one, on both sides of the ratio)."""
+    `repeat` (the chain notebook 03 shows; the verdict of `labkit ledger` times a real model
+    step with `measure_c6_step`)."""
     import torch
 
     from labkit.fusion import count, overhead
@@ -79,17 +142,27 @@ def measure_c6(n_ops: int, device: Any = "cpu", repeat: int = 20) -> dict[str, f
     return {"ops": ops, "measured_s": t}
 
 
+def measure_c6_step(step: Any, device: Any = "cpu", repeat: int = 30) -> float:
+    """Seconds of one call of `step` (`decode_step`): the fastest of `repeat`, the statistic the
+    fit's per-op times use (the least disturbed run on a shared machine)."""
+    from labkit.timing import measure
+
+    return measure(step, warmup=3, repeat=repeat, device=device).min
+
+
 def run_c6(size: str = "smoke", device: Any = None) -> Verdict:
-    """C6 for `labkit ledger`: the per-op cost measured, the prediction, then a `TinyOps` chain of
-    the preset's length timed (s)."""
+    """C6 for `labkit ledger`: the fixed cost per op fitted (intercept of time vs work), the ops
+    of one decode step of the trained tiny decoder counted, the prediction, then the step timed."""
     from labkit import presets
-    from labkit.fusion import overhead
+    from labkit.model import load_tiny
 
     dev = device or "cpu"
-    n = presets.sizes("fusion", size, dev)["tiny_ops"]
-    pred = predict_c6(n, overhead.per_op_cost_s(dev))
-    m = measure_c6(n, dev)
-    return judge_c6(pred, m["ops"], m["measured_s"])
+    P = presets.sizes("fusion", size, dev)
+    fit = fixed_cost_fit(dev)
+    step = decode_step(load_tiny(dev), P["decode_context"])
+    ops = count_step_ops(step, dev)
+    pred = predict_c6(ops, max(fit["intercept_s"], 1e-12))
+    return judge_c6(pred, ops, measure_c6_step(step, dev), fit)
 
 
 # ------------------------------------------------------------------------------- C7

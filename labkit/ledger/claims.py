@@ -86,7 +86,8 @@ CLAIMS: dict[str, Claim] = {c.id: c for c in [
        "hardware counters (NVML on GPU, perf events on Linux) during a GEMM and a GEMV; inconclusive "
        "without counters", "ch2"),
     _c("C6", 3, "In eager mode every op is a launch with a fixed cost; many small ops lose much time to it.",
-       "03_fusion", "per-op cost measured; a chain of tiny ops timed against ops x cost", "ch3"),
+       "03_fusion", "an eager op timed at several widths: the fixed cost is the intercept of time vs work; ops of a "
+       "decode step of the trained tiny decoder counted, the step timed: share = ops x intercept / step time", "ch3"),
     _c("C7", 3, "Fusion can cut graph nodes to a third or fewer and latency by 20-40 % on memory-bound models.",
        "03_fusion", "kernels and time of memory-bound chains, eager vs fused, against the 1/3 and 20-40 % bands",
        "ch3"),
