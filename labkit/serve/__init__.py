@@ -3,7 +3,10 @@
 An `Engine` runs the decoder with iteration-level batching through the simulator's
 scheduling policies (`labkit.sim.schedulers`) over a paged KV cache (`BlockManager` +
 `PagedKVCache`); a FastAPI app puts it behind an OpenAI-compatible
-``POST /v1/completions`` (streaming or not), ``GET /health`` and ``GET /metrics``.
+``POST /v1/completions`` (streaming or not), ``GET /health`` and ``GET /metrics``. By
+default the engine steps in a process of its own (`labkit.serve.core`, as vLLM's EngineCore),
+so the HTTP side and the engine do not share one interpreter lock; ``--engine inproc`` keeps
+it a thread of the server process.
 
     from labkit.serve import ServerConfig, start_server
     with start_server(ServerConfig(preset="tiny", policy="continuous", port=0)) as srv:
