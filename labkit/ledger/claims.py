@@ -99,8 +99,9 @@ CLAIMS: dict[str, Claim] = {c.id: c for c in [
        "04_quantization", "measured decode speed-up of each kernel path vs its bytes ratio", "ch4"),
     _c("C11", 4, "4-bit weights can break accuracy; activations are harder (outliers); calibration and mixed "
        "precision repair much of it.", "04_quantization",
-       "perplexity of int8/int4 weights and W8A8 with outliers; repair by calibration and a measured "
-       "sensitivity ranking", "ch4"),
+       "perplexity of the trained model with int8/int4 weights and W8A8 on its own activations; repair by "
+       "calibration, SmoothQuant and a measured sensitivity ranking; planted outliers shown as a demonstration, "
+       "not judged", "ch4"),
     _c("C12", 4, "Unstructured sparsity gives no speed-up on dense hardware; structured pruning does.",
        "05_pruning_distillation", "decode speed of kept-dense, CSR and structured pruning at equal sparsity",
        "ch4"),
@@ -108,8 +109,8 @@ CLAIMS: dict[str, Claim] = {c.id: c for c in [
        "05_pruning_distillation", "every order run end to end; final perplexities compared", "ch4"),
     _c("C14", 4, "Distillation roughly doubles training cost; quantization + fusion give ~30 %; integer-multiple "
        "speed-ups need a smaller model.", "05_pruning_distillation",
-       "measured training seconds with and without the teacher; measured decode speed-ups of quantize+fuse "
-       "and of the smaller student", "ch4"),
+       "measured training seconds with and without the teacher (tiny model); decode speed-ups of "
+       "quantize+fuse and of the student shape measured on C12's memory-bound model", "ch4"),
     _c("C15", 5, "Batching amortises weight reads; static batching makes short requests wait; continuous "
        "batching fixes it.", "06_batching 08_p99_and_load",
        "decode steps of the real engine on C10's memory-bound model, batch 1 vs 8; static vs continuous "

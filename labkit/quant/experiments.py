@@ -3,7 +3,7 @@ notebook and ``python -m labkit.quant.bench``. Every number is measured when cal
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -234,45 +234,62 @@ def sensitive_layers(scan: list[dict], threshold_pct: float = 1.0) -> list[str]:
     return [r["layer"] for r in scan if r["dppl_pct"] >= threshold_pct]
 
 
+def _w8a8_and_repairs(m: Transformer, prefix: str, train: torch.Tensor, ppl: Callable[[Transformer], float],
+                      windows: int, calib_windows: int, alphas: Iterable[float], sensitive_pct: float) -> dict:
+    """Perplexities of `m` in W8A8 per-tensor with each calibration method, SmoothQuant at
+    each alpha, per-token and per-channel scales, and mixed precision on the layers a
+    sensitivity scan (on `train`) finds >= `sensitive_pct` % sensitive; labels start `prefix`."""
+    out: dict[str, float] = {}
+    stats = collect_act_stats(m, train, n_windows=calib_windows)
+    for method in CALIB_METHODS:
+        out[f"{prefix} W8A8 {method}"] = ppl(quantize_model(m, "int8", act_mode="tensor",
+                                                            act_scales=calibrate(stats, method)))
+    for alpha in alphas:
+        sm = smooth(m, stats, alpha)
+        scales = calibrate(collect_act_stats(sm, train, n_windows=calib_windows), "minmax")
+        out[f"{prefix} SmoothQuant a={alpha:g}"] = ppl(quantize_model(sm, "int8", act_mode="tensor", act_scales=scales))
+    # finer scales, for comparison: one per token (computed at run time), one per channel (calibrated)
+    out[f"{prefix} W8A8 per-token (dynamic)"] = ppl(quantize_model(m, "int8", act_mode="token"))
+    out[f"{prefix} W8A8 per-channel (static)"] = ppl(quantize_model(m, "int8", act_mode="channel",
+                                                                   act_scales=calibrate(stats, "minmax", "channel")))
+    minmax = calibrate(stats, "minmax")
+    scan = sensitivity_scan(m, train, "int8", min(windows, calib_windows), act_mode="tensor", act_scales=minmax)
+    kept = sensitive_layers(scan, sensitive_pct)
+    out[f"{prefix} W8A8 mixed (measured)"] = ppl(quantize_model(m, "int8", act_mode="tensor", act_scales=minmax,
+                                                               keep=kept))
+    return {"ppl": out, "kept": kept, "scan": scan}
+
+
 def c11_perplexities(model: Transformer, train: torch.Tensor, valid: torch.Tensor, windows: int,
                      calib_windows: int = 4, outlier_factor: float = 100.0, n_outliers: int = 4,
-                     alphas: Iterable[float] = (0.5,), sensitive_pct: float = 1.0) -> dict:
+                     alphas: Iterable[float] = (0.5,), sensitive_pct: float = 1.0, planted: bool = True) -> dict:
     """Validation perplexity (`windows` x 256 tokens) of everything C11 judges:
 
     * weight-only: fp32, int8, int4-g128, int4-g32 of `model`;
-    * activations: `model` with planted outlier channels (function unchanged) in fp32, with
-      int8 weights only, and in W8A8 per-tensor with each calibration method; the clean model
-      in W8A8 min-max;
-    * repairs: SmoothQuant at each alpha (scales from the calibration statistics), and mixed
-      precision keeping in fp32 the layers a W8A8 sensitivity scan, measured on `train`
-      windows (not on the validation text), finds at least `sensitive_pct` % sensitive.
+    * the model's own activations ("own ..."): W8A8 per-tensor with each calibration method,
+      SmoothQuant at each alpha, and mixed precision keeping in fp32 the layers a W8A8
+      sensitivity scan, measured on `train` windows (not on the validation text), finds at
+      least `sensitive_pct` % sensitive (the key "clean W8A8 minmax" is "own W8A8 minmax");
+    * with `planted`, a demonstration: `model` with planted outlier channels (function
+      unchanged) in fp32, with int8 weights only, and the same W8A8 runs and repairs
+      ("outliers ...").
 
-    Returns {"ppl": {label: perplexity}, "kept": [layer names kept fp32], "scan": scan rows}.
+    Returns {"ppl": {label: perplexity}, "kept" / "scan" (planted model's, when planted),
+    "own_kept" / "own_scan"}.
     """
     ppl = lambda m: perplexity(m, valid, max_windows=windows)  # noqa: E731
     out: dict[str, float] = {"fp32": ppl(model)}
     for name in ("int8 (int8pack_mm)", "int4-g128 (int4pack_mm)", "int4-g32 (int4pack_mm)"):
         out[name] = ppl(build(model, name))
-    clean = calibrate(collect_act_stats(model, train, n_windows=calib_windows), "minmax")
-    out["clean W8A8 minmax"] = ppl(quantize_model(model, "int8", act_mode="tensor", act_scales=clean))
-    planted = plant_outliers(model, n_channels=n_outliers, factor=outlier_factor)
-    out["outliers fp32"] = ppl(planted)
-    out["outliers int8 weight-only"] = ppl(quantize_model(planted, "int8"))
-    stats = collect_act_stats(planted, train, n_windows=calib_windows)
-    for method in CALIB_METHODS:
-        out[f"outliers W8A8 {method}"] = ppl(quantize_model(planted, "int8", act_mode="tensor",
-                                                            act_scales=calibrate(stats, method)))
-    for alpha in alphas:
-        sm = smooth(planted, stats, alpha)
-        scales = calibrate(collect_act_stats(sm, train, n_windows=calib_windows), "minmax")
-        out[f"outliers SmoothQuant a={alpha:g}"] = ppl(quantize_model(sm, "int8", act_mode="tensor", act_scales=scales))
-    # finer scales, for comparison: one per token (computed at run time), one per channel (calibrated)
-    out["outliers W8A8 per-token (dynamic)"] = ppl(quantize_model(planted, "int8", act_mode="token"))
-    out["outliers W8A8 per-channel (static)"] = ppl(quantize_model(planted, "int8", act_mode="channel",
-                                                                   act_scales=calibrate(stats, "minmax", "channel")))
-    minmax = calibrate(stats, "minmax")
-    scan = sensitivity_scan(planted, train, "int8", min(windows, calib_windows), act_mode="tensor", act_scales=minmax)
-    kept = sensitive_layers(scan, sensitive_pct)
-    out["outliers W8A8 mixed (measured)"] = ppl(quantize_model(planted, "int8", act_mode="tensor", act_scales=minmax,
-                                                              keep=kept))
-    return {"ppl": out, "kept": kept, "scan": scan}
+    own = _w8a8_and_repairs(model, "own", train, ppl, windows, calib_windows, alphas, sensitive_pct)
+    out.update(own["ppl"])
+    out["clean W8A8 minmax"] = out["own W8A8 minmax"]
+    res: dict[str, Any] = {"ppl": out, "own_kept": own["kept"], "own_scan": own["scan"], "kept": [], "scan": []}
+    if planted:
+        pm = plant_outliers(model, n_channels=n_outliers, factor=outlier_factor)
+        out["outliers fp32"] = ppl(pm)
+        out["outliers int8 weight-only"] = ppl(quantize_model(pm, "int8"))
+        demo = _w8a8_and_repairs(pm, "outliers", train, ppl, windows, calib_windows, alphas, sensitive_pct)
+        out.update(demo["ppl"])
+        res.update(kept=demo["kept"], scan=demo["scan"])
+    return res
