@@ -411,15 +411,14 @@ EXERCISES: dict[str, Exercise] = {e.name: e for e in [
              "Read the span breakdown of the slowest requests, not of the average one.",
              "the span that grows in the tail is where the fix goes"),
     Exercise("locked_capacity", "09_case_study",
-             "Under the global lock the service holds one request at a time, from its pre-processing until its "
-             "answer is done. Unloaded, a request spends {server_ms:.0f} ms in the server. What is the highest "
-             "rate (requests/s) the locked service can sustain?", ("server_ms", "rate"),
-             lambda c: 1e3 / c["server_ms"], within_factor(1.5),
-             "A service that takes requests one at a time completes at most 1/T of them per second, where T is "
-             "the time each one holds it.",
-             "one at a time, the service is a single server: its capacity is 1/T, whatever the cores",
+             "The shipped stage holds one lock for each request's store call, {hold_ms:.0f} ms, and nothing else "
+             "ever runs under it. Whatever the cores, what is the highest rate (requests/s) the shipped service "
+             "can sustain?", ("hold_ms", "rate"),
+             lambda c: 1e3 / c["hold_ms"], within_factor(1.5),
+             "Requests pass the lock one at a time; each keeps it for the hold time.",
+             "a lock is a single server: its capacity is 1 / hold time, whatever the cores",
              lambda a, c: f"at the operating rate {c['rate']:.1f} req/s the lock is busy "
-                          f"{100 * c['rate'] * c['server_ms'] / 1e3:.0f}% of the time"),
+                          f"{100 * c['rate'] * c['hold_ms'] / 1e3:.0f}% of the time"),
     Exercise("queue_bound", "09_case_study",
              "The fixed service completes {capacity:.1f} requests/s at most; the SLO is {slo_ms:.0f} ms and a request "
              "alone takes {normal_ms:.0f} ms. By Little's law, how many requests may wait before it should answer "

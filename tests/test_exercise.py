@@ -56,7 +56,7 @@ CASES = {
     "tail_or_mean": ({"mean_a": 1.0, "mean_b": 0.7, "p99_a": 5.0, "p99_b": 4.75}, "p99"),
     "tail_cause": ({"spans": ["queue", "preprocess", "model"],
                     "p99_span_s": {"queue": 0.8, "preprocess": 0.3, "model": 0.1}}, "model"),
-    "locked_capacity": ({"server_ms": 125.0, "rate": 6.0}, 16.0),   # 2 cores / CPU time: not one at a time
+    "locked_capacity": ({"hold_ms": 125.0, "rate": 6.8}, 16.0),   # 2 cores / hold time: a lock is one server
     "queue_bound": ({"capacity": 20.0, "slo_ms": 900.0, "normal_ms": 300.0}, 20),   # capacity x SLO, no slack
 }
 

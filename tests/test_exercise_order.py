@@ -50,7 +50,8 @@ REVEALS: dict[str, tuple[str, ...]] = {
     # 05 pruning, distillation
     "sparse_faster": (r"matmul_rows\(", r"\bt_mm\b"),
     "csr_breakeven": (r"breakeven_sweep\(", r"\[.breakeven.\]"),
-    "distill_cost": (r"predict_c14\(", r"distill_vs_scratch\(", r"F_student", r"(?i)training FLOP ratio"),
+    "distill_cost": (r"predict_c14\(", r"distill_vs_scratch\(", r"F_student", r"(?i)training FLOP ratio",
+                     r"(?i)roughly doubles"),
     # 06 batching
     "md1_wait": (r"W_q\s*=", r"rho\s*/\s*\(\s*2", r"\bwq09\b"),
     "short_wait_scheduler": (r"\be2e_short\b", r"ex\.compare\(wl\b", r"(?i)static batching makes short",
@@ -65,18 +66,15 @@ REVEALS: dict[str, tuple[str, ...]] = {
     "tail_or_mean": (r"predict_cache_effect\(", r"\bpred19\b", r"predict_c19\(", r"\bch19\b", r"(?i)hardly moves",
                      r"(?i)mean hides the tail", r"(?i)through a lighter load", r"(?i)tail is made of"),
     # 09 case study
-    "tail_cause": (r"span_breakdown\(", r"(?i)not safe for concurrent use", r"(?i)cause: a pre-processing"),
-    "locked_capacity": (r"serial_rps:", r"(?i)one request at a time sustains"),
+    "tail_cause": (r"span_breakdown\(", r"(?i)not safe for concurrent use", r"(?i)cause: a pre-processing",
+                   r"(?i)\block\b", r"global_lock"),
+    "locked_capacity": (r"(?i)\b1\s*/\s*(d|hold)", r"(?i)capacity is 1", r"serial_rps:"),
     "queue_bound": (r"(?i)capacity\s*[×x*]\s*\(SLO", r"case\.queue_bound\("),
 }
 
 # Exercises whose notebook does not conform yet, each with its owner's pending fix. xfail(strict):
 # once fixed the test XPASSes and fails, so the entry must then be removed. Empty it, don't grow it.
-PENDING: set[tuple[str, str]] = {
-    ("09_case_study", "tail_cause"),       # cell 0 names the cause ("not safe for concurrent use")
-    ("09_case_study", "locked_capacity"),  # the unloaded cell prints the one-at-a-time rate (the answer)
-    ("09_case_study", "queue_bound"),      # the §8 markdown gives capacity x (SLO - normal latency)
-}
+PENDING: set[tuple[str, str]] = set()
 
 
 def _source(cell: dict) -> str:

@@ -40,7 +40,8 @@ def test_committed_notebook_is_clean(path):
 
 
 def _servers(marker: str) -> set[int]:
-    """Pids of `labkit serve` processes still running that this test started: they inherit
+    """Pids of `labkit serve` processes (and their document stores, `labkit/serve/docstore.py`)
+    still running that this test started: they inherit
     LABKIT_TEST_RUN=`marker` through the kernel, so other people's servers on a shared
     machine are not counted."""
     import psutil
@@ -48,7 +49,7 @@ def _servers(marker: str) -> set[int]:
     out = set()
     for p in psutil.process_iter(["pid", "cmdline"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if "labkit.serve" in cmd and "--port-file" in cmd:
+        if ("labkit.serve" in cmd or "docstore" in cmd) and "--port-file" in cmd:
             try:
                 if p.environ().get("LABKIT_TEST_RUN") == marker:
                     out.add(p.info["pid"])

@@ -57,14 +57,16 @@ class Scenario:
     a service sized for its peak; at 0.5 on a 2-core laptop the fixed service's own p99 already
     reaches ~3x its unloaded p99, queueing for the cores, which would hide any lock). lock_load:
     the share of time the shipped service's lock is held at that rate (rate x the store's answer
-    time); the store's delay is chosen to give it (0.85: a one-server queue that is busy but not
-    saturated, where M/D/1 puts p99 at roughly 6-9x its hold time over 100-300 requests). requests per load run;
+    time); the store's delay is chosen to give it. 0.9: a one-server queue, busy but not saturated,
+    where M/D/1 puts p99 at ~8x its hold time over 120 requests and ~11x over 300, so that the
+    queueing prediction for the shipped service lands near the article's "p99 ~5x normal"; whether
+    the real server follows it, and what the fix and quantization do, is measured. requests per load run;
     unloaded_requests one at a time; capacity_requests and capacity_users for the closed-loop
     capacity run; output_tokens per answer; seed."""
 
     slo_factor: float = 3.0
     load: float = 0.25
-    lock_load: float = 0.85
+    lock_load: float = 0.9
     requests: int = 300
     unloaded_requests: int = 40
     capacity_requests: int = 160
@@ -114,6 +116,17 @@ def operating_point(capacity_rps: float, scenario: Scenario) -> OperatingPoint:
 
     delay = min(scenario.lock_load / rate, MAX_DELAY_S)
     return OperatingPoint(capacity_rps, rate, delay, scenario.load, scenario.lock_load)
+
+
+# The notebook's names for the two builds of the stage (`labkit.serve.preprocess.IMPLEMENTATIONS`).
+BUILDS = {"shipped": "global_lock", "fixed": "per_thread"}
+
+
+def implementation(build: str) -> str:
+    """The stage implementation of the `build` a learner picks ("shipped" or "fixed")."""
+    if build not in BUILDS:
+        raise ValueError(f"STAGE={build!r} is not allowed; choose one of {', '.join(map(repr, BUILDS))}")
+    return BUILDS[build]
 
 
 def server_config(preprocess: str, store_delay_s: float = 0.0, **knobs: Any) -> Any:
@@ -411,13 +424,21 @@ def walk(size: str, scenario: Scenario | None = None, progress: Any = None) -> d
         slo = sc.slo_factor * base.p99
         unsafe = at_rate(srv, point.rate_rps, sc, profile_s=P["profile_s"])
     ladder = climb(point.rate_rps, sc, slo, shipped, progress=progress)
-    by_cost = {r["cost"]: r for r in ladder}
-    fixed = by_cost["code fix"].get("run") or try_rung(LADDER[2], point.rate_rps, sc, slo, shipped)["run"]
-    quantized = by_cost[COMPRESSION.cost]
-    if "run" not in quantized:
-        quantized = try_rung(COMPRESSION, point.rate_rps, sc, slo, shipped)
+    fixed, quantized = fixed_and_quantized(ladder, point.rate_rps, sc, slo, shipped)
     return {"scenario": sc, "point": point, "capacity_run": cap_run, "base": base, "slo": slo, "rate": point.rate_rps,
-            "unsafe": unsafe, "ladder": ladder, "fixed": fixed, "quantized": quantized["run"]}
+            "unsafe": unsafe, "ladder": ladder, "fixed": fixed, "quantized": quantized}
+
+
+def fixed_and_quantized(ladder: Sequence[dict[str, Any]], rate: float, scenario: Scenario, slo_s: float,
+                        shipped: dict[str, Any]) -> tuple[Run, Run]:
+    """The runs C22 compares besides the shipped one, at `rate`: the code fix alone, and int8
+    weights with the bug still in place. Taken from the ladder where it ran them, else run now
+    (the ladder stops at the first rung that meets the SLO)."""
+    by_cost = {r["cost"]: r for r in ladder}
+    code_fix = next(r for r in LADDER if r.cost == "code fix")
+    runs = [by_cost.get(rung.cost, {}).get("run") or try_rung(rung, rate, scenario, slo_s, shipped)["run"]
+            for rung in (code_fix, COMPRESSION)]
+    return runs[0], runs[1]
 
 
 def format_rung(row: dict[str, Any], slo_s: float) -> str:
