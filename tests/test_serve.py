@@ -769,3 +769,12 @@ def test_a_crashed_engine_core_is_answered_with_its_cause_never_a_hang():
         m = srv.metrics()
         assert m['labkit_requests_total{status="error"}'] == 2
         assert srv.stop() == 0
+
+
+def test_an_engine_core_exit_is_said_in_words():
+    from labkit.serve.core import describe_exit
+
+    assert describe_exit(-9) == "killed by signal 9 (SIGKILL)" and describe_exit(1) == "exit code 1"
+    assert "not answering" in describe_exit(None)
+    with pytest.raises(ValueError, match="engine 'thread' unknown; choose one of proc, inproc"):
+        ServerConfig(engine="thread")
