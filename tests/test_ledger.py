@@ -88,6 +88,8 @@ def test_evidence_kinds_and_their_outcomes():
     assert (demo.outcome, demo.evidence_kind) == ("demonstrated", "demonstration") and not demo.holds
     assert ledger.demonstrated(_p(), "nothing shown", {}, shown=False).outcome == "inconclusive"
     vs = [v, sim, demo]
+    text = ledger_run.table([(x, 1.0) for x in vs])
+    assert "inconclusive (simulated)" in text and "demonstration" in text and "demonstrated" in text
     n = ledger_run.counts(vs)
     assert (n["holds"], n["inconclusive"], n["demonstrated"], n["measured here"], n["simulated"],
             n["demonstration"]) == (1, 1, 1, 1, 1, 1)
