@@ -26,7 +26,9 @@ from typing import Any
 IDLE = (("threading.py", "wait"), ("queue.py", "get"), ("selectors.py", "select"),
         ("concurrent/futures/thread.py", "_worker"), ("threading.py", "_wait_for_tstate_lock"),
         # a thread reading the engine process's pipe waits for its next step's outputs
-        ("multiprocessing/connection.py", "_recv"), ("multiprocessing/connection.py", "_poll"))
+        ("multiprocessing/connection.py", "_recv"), ("multiprocessing/connection.py", "_poll"),
+        # the event loop under uvloop: its selector runs in C, so the innermost Python frame is the runner
+        ("asyncio/runners.py", "run"))
 MAX_SECONDS, MAX_HZ = 30.0, 1000.0
 
 
