@@ -439,7 +439,9 @@ def test_c22_is_inconclusive_when_the_fixed_run_filled_every_core():
     assert v.outcome == ledger.INCONCLUSIVE and "cores were 95% busy" in v.reason
 
 
-LADDER_MET = [{"cost": "configuration", "met": False}, {"cost": "code fix", "met": True}]
+LADDER_MET = [{"cost": "configuration", "met": False, "answers_changed": 0.0},
+              {"cost": "code fix", "met": True, "answers_changed": 0.0},
+              {"cost": "compression", "met": False, "answers_changed": 0.12}]
 TAIL = {"preprocess": 1.6, "queue": 0.01, "prefill": 0.05, "decode": 0.2, "post": 0.0, "other": 0.0, "wire": 0.01,
         "e2e": 1.87}
 
@@ -453,7 +455,10 @@ def test_c21_holds_when_every_step_points_at_the_stage():
     {"cpu": 0.95},                                     # the machine was full: capacity, not a blocked stage
     {"lock": 0.05},                                    # the profile does not show the wait
     {"tail": dict(TAIL, preprocess=0.2, decode=1.6)},  # the spans blame decode
-    {"ladder": [{"cost": "code fix", "met": False}]},  # no rung met the SLO
+    {"ladder": [{"cost": "code fix", "met": False, "answers_changed": 0.0}]},  # no rung met the SLO
+    # the first rung by cost to meet the SLO changed answers: no output-keeping fix was found
+    {"ladder": [{"cost": "code fix", "met": False, "answers_changed": 0.0},
+                {"cost": "compression", "met": True, "answers_changed": 0.12}]},
 ])
 def test_c21_fails_when_a_step_points_elsewhere(change):
     v = verdicts.judge_c21(verdicts.predict_c21(0.6), change.get("tail", TAIL), change.get("cpu", 0.4), 0.05,
@@ -483,3 +488,37 @@ def test_a_rung_meets_the_slo_only_when_its_p99_is_clearly_under():
            "met": met, "confidence": conf}
     assert "by chance only" in case.format_rung(row, 0.8) and "meets" not in case.format_rung(row, 0.8)
     assert case.meets_slo(np.array([0.3] * 59 + [2.0]) + 0.6, 0.8)[0] is False  # plainly over
+
+
+def _row(cost, met, changed):
+    return {"cost": cost, "change": cost, "p99": 1.0, "mean": 0.5, "throughput": 5.0, "met": met,
+            "confidence": 1.0, "answers_changed": changed}
+
+
+def test_the_ladder_is_ordered_by_measured_cost_and_ships_the_first_that_meets():
+    """Rungs that keep every answer come first, then by effort; a rung that changes answers goes
+    after every one that does not, whatever its effort; rungs not run go last."""
+    rows = [_row("configuration", False, 0.02), _row("scheduling", False, 0.0), _row("code fix", True, 0.0),
+            {"cost": "graph capture / compile", "change": "-", "skipped": "labkit serve has no such path"},
+            _row("compression", True, 0.1)]
+    out = case.by_cost(rows)
+    assert [r["cost"] for r in out] == ["scheduling", "code fix", "configuration", "compression",
+                                        "graph capture / compile"]
+    assert [r["chosen"] for r in out] == [False, True, False, False, False]
+    assert "<- ship this" in case.format_rung(out[1], 2.0) and "0% answers changed" in case.format_rung(out[1], 2.0)
+    none_met = case.by_cost([_row("code fix", False, 0.0)])
+    assert not any(r["chosen"] for r in none_met)
+
+
+def _run_with(texts: dict[int, str]) -> case.Run:
+    from labkit.loadgen.client import LoadResult
+
+    recs = [RequestRecord(i, 0.0, e2e_s=0.1, outcome="ok", text=t) for i, t in texts.items()]
+    return case.Run(LoadResult(recs, len(recs), 0, 1.0, "open"), 1.0, 0.1, 2, 10, 10)
+
+
+def test_answers_changed_compares_the_same_requests():
+    ref = _run_with({0: "a", 1: "b", 2: "c", 3: "d"})
+    assert case.answers_changed(_run_with({0: "a", 1: "b", 2: "c", 3: "d"}), ref) == 0.0
+    assert case.answers_changed(_run_with({0: "a", 1: "B", 2: "c", 9: "x"}), ref) == pytest.approx(1 / 3)
+    assert math.isnan(case.answers_changed(_run_with({7: "a"}), ref))

@@ -117,8 +117,9 @@ def judge_c22(prediction: Prediction, unloaded_p99_s: float, unsafe_p99_s: float
 # ------------------------------------------------------------------------------- C21
 def predict_c21(slo_s: float) -> Prediction:
     return Prediction.of("C21", "timing the request path puts the tail in one stage; telemetry shows compute and "
-                                "bandwidth far from their ceilings; a profile shows why; the cheapest rung of the "
-                                "fix ladder that meets the SLO is found before compression",
+                                "bandwidth far from their ceilings; a profile shows why; ordered by measured cost "
+                                "(answers changed, then effort), the first rung of the fix ladder that meets the SLO "
+                                "keeps every answer",
                          **{"SLO": (slo_s, "s")})
 
 
@@ -127,20 +128,26 @@ def judge_c21(prediction: Prediction, tail_spans: dict[str, float], cpu_util: fl
     """`tail_spans`: mean spans (s) of the slowest requests, with "e2e"; `cpu_util`: server CPU
     as a share of the cores (0-1); `bw_util`: the model's weight reads as a share of the
     measured bandwidth (0-1, NaN if unmeasured); `lock_share`: share of busy thread samples at
-    the stage's lock (0-1, NaN without a profile); `ladder`: rows of `labkit.loadgen.case.climb`;
-    `slo_missed`: did the service as shipped miss the SLO (if not, there was nothing to find)."""
+    the stage's lock (0-1, NaN without a profile); `ladder`: rows of `labkit.loadgen.case.climb`,
+    in cost order, with "met" and "answers_changed" (0-1, the share of the shipped service's
+    answers the rung changed); `slo_missed`: did the service as shipped miss the SLO (if not,
+    there was nothing to find)."""
     stages = {k: tail_spans.get(k, 0.0) for k in ("preprocess", "queue", "prefill", "decode", "post", "other", "wire")}
     worst = max(stages, key=stages.get)
     e2e = tail_spans.get("e2e", math.nan)
     share = stages[worst] / e2e if e2e and math.isfinite(e2e) else math.nan
     met = [r for r in ladder if r.get("met")]
+    chosen = met[0] if met else None
+    changed = chosen.get("answers_changed", math.nan) if chosen else math.nan
     ev: dict[str, Any] = {"slowest span of the tail": (worst, ""), "its share of tail E2E": (100 * share, "%"),
                           "server CPU / cores": (100 * cpu_util, "%"), "weight reads / bandwidth": (100 * bw_util, "%"),
                           "samples at the stage's lock": (100 * lock_share, "%"),
-                          "rung that met the SLO": (met[0]["cost"] if met else "none", "")}
+                          "first rung by cost to meet the SLO": (chosen["cost"] if chosen else "none", ""),
+                          "answers it changed": (100 * changed, "%"),
+                          "ladder by cost": (" > ".join(r["cost"] for r in ladder if "skipped" not in r), "")}
     tol = (f"step 1: one span >= {100 * TAIL_SHARE:.0f}% of tail E2E; step 2: CPU < {100 * SATURATED:.0f}% of cores and "
            f"weight reads < {100 * BW_CEILING:.0f}% of bandwidth; step 3: >= {100 * LOCK_SHARE:.0f}% of busy samples at "
-           "that stage's lock; the ladder: a rung before compression meets the SLO")
+           "that stage's lock; the ladder, ordered by measured cost: the first rung to meet the SLO changes no answer")
     if not slo_missed:
         return inconclusive(prediction, "the service as shipped already met the SLO at this rate: there was no "
                                         "problem for the method to find", ev, tol)
@@ -158,12 +165,16 @@ def judge_c21(prediction: Prediction, tail_spans: dict[str, float], cpu_util: fl
         problems.append(f"the profile shows only {100 * lock_share:.0f}% of samples at the stage's lock")
     if worst != "preprocess":
         problems.append(f"the spans point at {worst}, not at the pre-processing stage the profile blames")
-    if not met:
-        problems.append("no rung before compression met the SLO")
+    if chosen is None:
+        problems.append("no rung of the ladder met the SLO")
+    elif not changed == 0:
+        problems.append(f"the first rung to meet the SLO, {chosen['cost']}, changed {100 * changed:.0f}% of the answers: "
+                        "no fix that keeps the service's output was found")
     return decide(prediction, not problems,
                   why_holds=f"each step pointed at the same place: {worst} held {100 * share:.0f}% of the tail, the cores "
                             f"were {100 * cpu_util:.0f}% busy, {100 * lock_share:.0f}% of busy samples waited at its lock, "
-                            f"and the cheapest sufficient rung was the {met[0]['cost'] if met else '-'}",
+                            f"and the cheapest sufficient rung, changing no answer, was the "
+                            f"{chosen['cost'] if chosen else '-'}",
                   why_not="; ".join(problems), evidence=ev, tolerance=tol)
 
 

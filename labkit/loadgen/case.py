@@ -341,11 +341,17 @@ def model_bandwidth_util(run: Run, weight_bytes: float, read_bw: float) -> float
 # ------------------------------------------------------------------------------ the ladder
 @dataclasses.dataclass(frozen=True)
 class Rung:
-    """One fix, by cost: what it changes in the server (None: not available in labkit serve)."""
+    """One fix. `effort`: what applying it takes (a flag, a code change, a project), in the order
+    the ladder tries them; `knobs`: what it changes in the server (None: labkit serve has no
+    such path)."""
 
-    cost: str
+    effort: str
     change: str
     knobs: dict[str, Any] | None
+
+    @property
+    def cost(self) -> str:  # the rung's name in tables and verdicts
+        return self.effort
 
 
 LADDER = (
@@ -375,9 +381,20 @@ def meets_slo(e2e_s: Sequence[float], slo_s: float) -> tuple[bool, float]:
     return share_under >= MET_CONFIDENCE, conf
 
 
-def try_rung(rung: Rung, rate: float, scenario: Scenario, slo_s: float, baseline_knobs: dict[str, Any]) -> dict[str, Any]:
-    """One rung on top of `baseline_knobs`, at `rate`: cost, change, p99 (s), mean (s), throughput
-    (requests/s), server CPU share, met (`meets_slo`), confidence, and the `Run`."""
+def answers_changed(run: Run, reference: Run) -> float:
+    """Share (0-1) of the requests both runs completed whose answer text differs: what a change
+    costs in output quality (greedy decoding: the same service answers the same way). NaN when
+    they completed no request in common."""
+    ref = {r.id: r.text for r in reference.result.measured if r.ok}
+    pairs = [(r.text, ref[r.id]) for r in run.result.measured if r.ok and r.id in ref]
+    return float(np.mean([a != b for a, b in pairs])) if pairs else math.nan
+
+
+def try_rung(rung: Rung, rate: float, scenario: Scenario, slo_s: float, baseline_knobs: dict[str, Any],
+             reference: Run | None = None) -> dict[str, Any]:
+    """One rung on top of `baseline_knobs`, at `rate`: cost, change, p99/p50/mean (s), throughput
+    (requests/s), server CPU share and CPU s per request, met (`meets_slo`), confidence, the share
+    of answers it changed against `reference` (the shipped service's run at the same rate), and the `Run`."""
     row: dict[str, Any] = {"cost": rung.cost, "change": rung.change}
     if rung.knobs is None:
         return {**row, "skipped": "labkit serve has no such path"}
@@ -385,33 +402,45 @@ def try_rung(rung: Rung, rate: float, scenario: Scenario, slo_s: float, baseline
     with serve(knobs.pop("preprocess"), **knobs) as srv:
         run = at_rate(srv, rate, scenario)
     met, conf = meets_slo(run.e2e(), slo_s)
+    done = max(1, len(run.e2e()))
     return {**row, "p99": run.p99(), "p50": run.p50(), "mean": run.mean(),
-            "throughput": run.result.summary()["throughput_rps"], "cpu_util": run.cpu_util, "met": met,
-            "confidence": conf, "run": run}
+            "throughput": run.result.summary()["throughput_rps"], "cpu_util": run.cpu_util,
+            "cpu_per_request_s": run.cpu_s / done, "met": met, "confidence": conf,
+            "answers_changed": answers_changed(run, reference) if reference is not None else math.nan, "run": run}
 
 
-def climb(rate: float, scenario: Scenario, slo_s: float, baseline_knobs: dict[str, Any],
+def by_cost(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The measured rungs in the order to ship them: those that keep every answer first, then
+    those that change some (a quality cost, measured), each group by effort (the ladder's order);
+    rungs not run last. The first row that met the SLO is marked `chosen`."""
+    effort = {r.cost: i for i, r in enumerate(LADDER)}
+    ran = sorted((r for r in rows if "skipped" not in r),
+                 key=lambda r: (not r["answers_changed"] == 0, effort.get(r["cost"], len(effort))))
+    out = [dict(r) for r in ran] + [dict(r) for r in rows if "skipped" in r]
+    first = next((r for r in out if r.get("met")), None)
+    for r in out:
+        r["chosen"] = r is first
+    return out
+
+
+def climb(rate: float, scenario: Scenario, slo_s: float, baseline_knobs: dict[str, Any], reference: Run | None = None,
           ladder: Sequence[Rung] = LADDER, progress: Any = print) -> list[dict[str, Any]]:
-    """Try each rung alone on top of `baseline_knobs` (one knob at a time), cheapest first, at
-    `rate`; stop at the first whose p99 E2E clearly meets `slo_s` (`meets_slo`). Rows of
-    `try_rung`; rungs not tried say why."""
-    rows: list[dict[str, Any]] = []
-    met = False
+    """Try every rung alone on top of `baseline_knobs` (one knob at a time) at `rate`, and order
+    them by their measured cost (`by_cost`): the first that meets `slo_s` is the fix to ship.
+    Rows of `try_rung`; rungs not available say why."""
+    rows = []
     for rung in ladder:
-        row = ({"cost": rung.cost, "change": rung.change, "skipped": "an earlier rung met the SLO"} if met
-               else try_rung(rung, rate, scenario, slo_s, baseline_knobs))
-        met = met or bool(row.get("met"))
-        rows.append(row)
+        rows.append(try_rung(rung, rate, scenario, slo_s, baseline_knobs, reference))
         if progress:
-            progress(format_rung(row, slo_s))
-    return rows
+            progress(format_rung(rows[-1], slo_s))
+    return by_cost(rows)
 
 
 def walk(size: str, scenario: Scenario | None = None, progress: Any = None) -> dict[str, Any]:
     """The whole case on the real server, in the method's order: size the scenario (the fixed
     service's capacity -> rate and store delay), the shipped service unloaded (-> SLO) and at
-    the rate (profiled), the fix ladder, the fixed stage at the same rate (the ladder's code-fix
-    run, or one of its own), and the planned project, int8 weights, with the bug still in place."""
+    the rate (profiled), and the fix ladder, every rung at the same rate: among them the fixed
+    stage and the planned project, int8 weights, with the bug still in place."""
     from labkit import presets
 
     P = presets.sizes("case", size)
@@ -423,7 +452,7 @@ def walk(size: str, scenario: Scenario | None = None, progress: Any = None) -> d
         base = unloaded(srv, sc)
         slo = sc.slo_factor * base.p99
         unsafe = at_rate(srv, point.rate_rps, sc, profile_s=P["profile_s"])
-    ladder = climb(point.rate_rps, sc, slo, shipped, progress=progress)
+    ladder = climb(point.rate_rps, sc, slo, shipped, reference=unsafe, progress=progress)
     fixed, quantized = fixed_and_quantized(ladder, point.rate_rps, sc, slo, shipped)
     return {"scenario": sc, "point": point, "capacity_run": cap_run, "base": base, "slo": slo, "rate": point.rate_rps,
             "unsafe": unsafe, "ladder": ladder, "fixed": fixed, "quantized": quantized}
@@ -432,27 +461,30 @@ def walk(size: str, scenario: Scenario | None = None, progress: Any = None) -> d
 def fixed_and_quantized(ladder: Sequence[dict[str, Any]], rate: float, scenario: Scenario, slo_s: float,
                         shipped: dict[str, Any]) -> tuple[Run, Run]:
     """The runs C22 compares besides the shipped one, at `rate`: the code fix alone, and int8
-    weights with the bug still in place. Taken from the ladder where it ran them, else run now
-    (the ladder stops at the first rung that meets the SLO)."""
-    by_cost = {r["cost"]: r for r in ladder}
+    weights with the bug still in place; from the ladder's rows, or run now if a ladder lacks them."""
+    rows = {r["cost"]: r for r in ladder}
     code_fix = next(r for r in LADDER if r.cost == "code fix")
-    runs = [by_cost.get(rung.cost, {}).get("run") or try_rung(rung, rate, scenario, slo_s, shipped)["run"]
+    runs = [rows.get(rung.cost, {}).get("run") or try_rung(rung, rate, scenario, slo_s, shipped)["run"]
             for rung in (code_fix, COMPRESSION)]
     return runs[0], runs[1]
 
 
 def format_rung(row: dict[str, Any], slo_s: float) -> str:
+    """One line of the ladder: what changed, its p99, mean, throughput, answers changed, the verdict."""
     if "skipped" in row:
-        return f"  {row['cost']:<24} {row['change']:<45} not run: {row['skipped']}"
+        return f"  {row['cost']:<24} {row['change']:<50} not run: {row['skipped']}"
     if row["met"]:
         verdict = f"meets the SLO ({slo_s:.3f} s)"
-    elif row["p99"] <= slo_s:  # under the SLO in this run, but not clearly: the next rung is tried
+    elif row["p99"] <= slo_s:  # under the SLO in this run, but not clearly
         verdict = (f"under the SLO ({slo_s:.3f} s) by chance only, {100 * (1 - row['confidence']):.0f}% of "
                    "resamples miss it: not counted")
     else:
         verdict = f"misses the SLO ({slo_s:.3f} s)"
-    return (f"  {row['cost']:<24} {row['change']:<45} p99 {row['p99']:.3f} s, mean {row['mean']:.3f} s, "
-            f"{row['throughput']:.1f} req/s -> {verdict}")
+    changed = row.get("answers_changed", math.nan)
+    answers = f", {100 * changed:.0f}% answers changed" if math.isfinite(changed) else ""
+    mark = " <- ship this" if row.get("chosen") else ""
+    return (f"  {row['cost']:<24} {row['change']:<50} p99 {row['p99']:.3f} s, mean {row['mean']:.3f} s, "
+            f"{row['throughput']:.1f} req/s{answers} -> {verdict}{mark}")
 
 
 # ------------------------------------------------------------------------------ operating limit

@@ -6,8 +6,9 @@
    the SLO (3x the unloaded p99).
 3. The same service at the rate: p50/p99/mean E2E, the span breakdown of the tail, how well
    the server's spans explain the client's E2E, the profile's lines at the stage's lock.
-4. The fix ladder, cheapest rung first, each at the same rate; the fixed stage; int8 weights
-   with the bug still in place.
+4. The fix ladder: every rung at the same rate, each with the share of answers it changes,
+   ordered by that measured cost and then by effort; among the rungs, the fixed stage and int8
+   weights with the bug still in place.
 5. The unsafe / fixed ratios and the C21/C22 verdicts.
 6. The knee as an operating limit: a burst against the default queue bound and the one
    Little's law gives.
@@ -61,7 +62,7 @@ def body(size: str) -> dict[str, Any]:
           f"{1e3 * agree['wire_s']:.1f} ms; {100 * lock:.0f}% of busy samples at the stage's lock")
     for t in (unsafe.stacks or {}).get("top", [])[:4]:
         print(f"  {100 * t['share']:5.1f}%  {t['frame'][:140]}  [{len(t['threads'])} thread(s)]")
-    print("fix ladder:")
+    print("fix ladder, by measured cost (answers changed, then effort):")
     for row in w["ladder"]:
         print(case.format_rung(row, slo))
     p99_ratio, mean_ratio = unsafe.p99() / fixed.p99(), unsafe.mean() / fixed.mean()
@@ -82,7 +83,7 @@ def body(size: str) -> dict[str, Any]:
             bursts[label] = b = case.burst(srv, P["burst"] * bound, w["scenario"])
         print(f"burst of {b['sent']} against the {label} bound: {b['completed']} completed, {b['rejected']} 429, "
               f"p99 {1e3 * b['p99']:.0f} ms ({'within' if b['p99'] <= slo else 'over'} the SLO)")
-    met = next((r for r in w["ladder"] if r.get("met")), None)
+    met = next((r for r in w["ladder"] if r.get("chosen")), None)
     ladder = [{k: v for k, v in r.items() if k != "run"} for r in w["ladder"]]
     return {"size": size, "capacity_rps": pt.capacity_rps, "store_delay_s": pt.store_delay_s, "rate_rps": pt.rate_rps,
             "lock_load": pt.lock_load, "unloaded_p50_s": base.p50, "unloaded_p99_s": base.p99, "slo_s": slo,

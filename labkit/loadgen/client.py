@@ -153,6 +153,7 @@ async def _read_stream(resp: Any, rec: RequestRecord, start: float, cancel_after
         choices = obj.get("choices") or []
         # a chunk with no text that only carries finish_reason is not a token
         if choices and (choices[0].get("text") or choices[0].get("finish_reason") is None):
+            rec.text += choices[0].get("text") or ""
             if chunks == 0:
                 rec.ttft_s = now - start
             else:
@@ -205,6 +206,7 @@ async def send(session: Any, target: Target, spec: RequestSpec, t0: float, *, se
                 rec.prompt_tokens, rec.output_tokens = usage.get("prompt_tokens"), usage.get("completion_tokens")
                 rec.server_spans = body.get("labkit_spans")
                 rec.outcome = "ok" if body.get("choices") else "error"
+                rec.text = (body.get("choices") or [{}])[0].get("text") or ""
                 rec.error = None if rec.ok else f"no choices in the answer: {str(body)[:300]}"
     except asyncio.TimeoutError:
         rec.outcome, rec.error = "timeout", f"no complete answer within {target.timeout_s} s"

@@ -44,6 +44,7 @@ class RequestRecord:
     warmup: bool = False                # warm-up requests are recorded but never summarised
     user: int | None = None             # closed loop: which simulated user sent it
     server_spans: dict[str, float] | None = None  # the server's own spans (s), `labkit.serve.spans`
+    text: str = ""                      # the answer's text (to compare two services' answers to the same request)
 
     @property
     def wire_s(self) -> float | None:
