@@ -50,8 +50,9 @@ FLIPS: dict[str, str] = {
     "C13": "another order ending over 2 % lower in perplexity than D->P->Q",
     "C14": "distillation's measured seconds outside 1.5-2.5x scratch; quantize+fuse outside 1.15-1.45x on the "
            "memory-bound model; the smaller student under 2x",
-    "C15": "a batch-8 step yielding under half the predicted tokens; continuous not cutting static's p99 E2E by "
-           "1.2x on the real engine",
+    "C15": "a batch-8 engine step yielding under half the bytes-predicted tokens (compute or per-step overhead "
+           "growing with the batch); on the real server continuous not cutting static's p99 E2E or short requests' "
+           "E2E by 1.2x",
     "C16": "FIFO interactive p99 TTFT under 2x alone with offline work arriving as a stream, or priority removing "
            "under 75 % of the excess",
     "C17": "allocated KV tensor bytes not linear in length x sequences (R^2 < 0.99, a point > 15 % off) or the "
