@@ -218,7 +218,7 @@ def measure(srv: Any, plan: Sequence[RequestSpec], users: int | None = None, pro
 
     def profile() -> None:
         time.sleep(profile_after_s)  # let a queue form first
-        status, body = srv.get(f"/debug/stacks?seconds={profile_s}&hz=200")
+        status, body = srv.get(f"/debug/stacks?seconds={profile_s}&hz=200", timeout=profile_s + 30.0)
         if status == 200:
             stacks.update(json.loads(body))
 
