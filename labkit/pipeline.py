@@ -35,7 +35,6 @@ import torch
 from labkit.model.generate import SamplingParams, sample
 from labkit.timing import Spans
 from labkit.passages import load_documents  # noqa: F401  (re-exported: the store's passages)
-from labkit.paths import DATA
 from labkit.tokenizer import EOS, load_tokenizer
 from labkit.plots import axes
 

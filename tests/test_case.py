@@ -11,7 +11,6 @@ import time
 import httpx
 import numpy as np
 import pytest
-import torch
 
 from labkit import ledger
 from labkit.ledger import case as verdicts
