@@ -38,15 +38,15 @@ def trace(size: str, seed: int) -> list[Any]:
     return arrivals.closed_loop(P["requests"], prompt_len=P["prompt"], output_len=P["output"], seed=seed)
 
 
-def run_alone(specs: list[Any], batch: int) -> dict[str, float]:
-    """`specs` through the server's engine in this process (1 torch thread, as `labkit serve`),
-    `batch` at a time, each prompt tokenized as the server would: wall time (s) and steps."""
+def run_alone(specs: list[Any], batch: int, device: str = "cpu") -> dict[str, float]:
+    """`specs` through the server's engine in this process (1 torch thread, as `labkit serve`) on
+    `device`, `batch` at a time, each prompt tokenized as the server would: wall time (s) and steps."""
     from labkit.bench import threads
     from labkit.model import load_tiny
     from labkit.serve.engine import Engine, EngineConfig
     from labkit.tokenizer import load_tokenizer
 
-    tok, model = load_tokenizer(), load_tiny()
+    tok, model = load_tokenizer(), load_tiny(device=device)
     eng = Engine(model, EngineConfig(policy="continuous", max_batch=batch, max_queue=len(specs), block_size=16,
                                      max_model_len=512, eos_id=tok.eos_id))
     prompts = [tok.encode(s.prompt) for s in specs]
@@ -64,14 +64,14 @@ def run_alone(specs: list[Any], batch: int) -> dict[str, float]:
     return {"wall_s": wall, "steps": steps}
 
 
-def run_served(specs: list[Any], batch: int, stream: bool, engine: str = "proc") -> dict[str, float]:
-    """`specs` against `labkit serve --engine ENGINE` (max_batch `batch`) by `batch` closed-loop
-    users: wall time (s) and the server's engine steps."""
+def run_served(specs: list[Any], batch: int, stream: bool, engine: str = "proc", device: str = "cpu") -> dict[str, float]:
+    """`specs` against `labkit serve --engine ENGINE --device DEVICE` (max_batch `batch`) by `batch`
+    closed-loop users: wall time (s) and the server's engine steps."""
     from labkit.loadgen import experiments as ex
     from labkit.loadgen.client import Target, run_load
     from labkit.serve.metrics import sample
 
-    with ex.serve("continuous", max_batch=batch, engine=engine) as srv:
+    with ex.serve("continuous", max_batch=batch, engine=engine, device=device) as srv:
         target = Target(srv.url, stream=stream)
         run_load(target, specs[:batch], users=batch)  # connections open, code paths warm
         steps0 = sample(srv.metrics(), "labkit_steps_total")
@@ -83,21 +83,21 @@ def run_served(specs: list[Any], batch: int, stream: bool, engine: str = "proc")
     return {"wall_s": res.wall_s, "steps": steps}
 
 
-def body(size: str) -> dict[str, Any]:
+def body(size: str, device: str = "cpu") -> dict[str, Any]:
     P = presets.sizes("serve_overhead", size)
     runs: dict[str, list[dict[str, float]]] = {w: [] for w in WAYS}
     for r in range(P["rounds"]):  # interleaved: drift on a shared machine falls on every way alike
         specs = trace(size, seed=r)
-        runs["alone"].append(run_alone(specs, P["batch"]))
+        runs["alone"].append(run_alone(specs, P["batch"], device))
         for e in ENGINES:
-            runs[f"{e} streaming"].append(run_served(specs, P["batch"], stream=True, engine=e))
-            runs[f"{e} non-streaming"].append(run_served(specs, P["batch"], stream=False, engine=e))
+            runs[f"{e} streaming"].append(run_served(specs, P["batch"], stream=True, engine=e, device=device))
+            runs[f"{e} non-streaming"].append(run_served(specs, P["batch"], stream=False, engine=e, device=device))
     rows = {w: {"wall_s": statistics.median(x["wall_s"] for x in xs),
                 "steps": statistics.median(x["steps"] for x in xs)} for w, xs in runs.items()}
     alone = rows["alone"]["wall_s"] / max(1.0, rows["alone"]["steps"])
     tokens = P["requests"] * P["output"]
     print(f"{P['requests']} requests x {P['output']} tokens, {P['batch']} closed-loop users, median of {P['rounds']} "
-          "interleaved rounds")
+          f"interleaved rounds, on {device}")
     print(f"{'way':<22}{'wall (s)':>9}{'steps':>7}{'ms/step':>9}{'per step vs alone':>19}")
     for w, row in rows.items():
         row["step_s"] = row["wall_s"] / max(1.0, row["steps"])
@@ -109,19 +109,19 @@ def body(size: str) -> dict[str, Any]:
         print(f"--engine {e}: serving adds {100 * rows[f'{e} streaming']['share']:.1f}% per step streaming, "
               f"{100 * rows[f'{e} non-streaming']['share']:.1f}% non-streaming; streaming each token costs "
               f"{1e6 * stream_cost[e]:.0f} us of wall time per token")
-    return {"size": size, **P, "ways": rows, "stream_cost_per_token_s": stream_cost}
+    return {"size": size, "device": device, **P, "ways": rows, "stream_cost_per_token_s": stream_cost}
 
 
 def parser():
     """The shared bench flags (the server and the in-process engine run 1 torch thread)."""
-    return benchkit.parser("labkit.serve.overhead_bench", __doc__,
+    return benchkit.parser("labkit.serve.overhead_bench", __doc__, devices=("cpu", "cuda"),
                            quick_help="2 rounds of 32 short requests each way (about two minutes on 2 CPU cores)")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     with benchkit.session(args) as run:
-        run.results = r = body("smoke" if args.quick else "full")
+        run.results = r = body("smoke" if args.quick else "full", run.device.type)
         w = r["ways"]
         run.summary = ", ".join(f"{e} {100 * w[f'{e} streaming']['share']:+.1f}%/step streaming "
                                 f"({100 * w[f'{e} non-streaming']['share']:+.1f}% whole)" for e in ENGINES)
