@@ -281,7 +281,9 @@ def aiperf_cmd(a: argparse.Namespace, exe: str, url: str, tmp: Path, tok: Path) 
             "--use-legacy-max-tokens", "--extra-inputs", "ignore_eos:true", "--extra-inputs", "temperature:0",
             "--tokenizer", str(tok), "--use-server-token-count", "--random-seed", str(a.seed),
             "--request-timeout-seconds", str(a.timeout), "--output-artifact-dir", str(tmp / "aiperf"),
-            "--ui-type", "none", "--no-auto-plot"]
+            "--ui-type", "none", "--no-auto-plot",
+            # its worker and record-processor processes share the cores with the server: few of them
+            "--workers-max", str(a.aiperf_workers), "--record-processors", "1"]
 
 
 def aiperf_requests(tmp: Path) -> list[dict[str, Any]]:
@@ -530,6 +532,7 @@ def compare(a: argparse.Namespace, url: str, exes: dict[str, str], tok: Path, tm
         "config": {"url": url, "rate": a.rate, "arrival": a.arrival, "prompt_len": a.prompt_len,
                    "output_len": a.output_len, "requests": a.requests, "rounds": a.rounds, "warmup": a.warmup,
                    "order": a.order, "seed": a.seed, "guidellm_workers": a.guidellm_workers,
+                   "aiperf_workers": a.aiperf_workers,
                    "guidellm_data": a.guidellm_data, "tolerance": a.tolerance,
                    "headline_tolerance": a.headline_tolerance},
         "versions": {k: version(k, v) for k, v in exes.items()},
@@ -572,6 +575,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--aiperf", default=None, help="aiperf executable (default: a client venv, else PATH)")
     p.add_argument("--guidellm-workers", type=int, default=None,
                    help="GUIDELLM__MAX_WORKER_PROCESSES (default: guidellm's own, 10)")
+    p.add_argument("--aiperf-workers", type=int, default=1,
+                   help="aiperf's --workers-max (default 1: on a machine of few cores, every client process "
+                        "takes CPU from the server, and the server's own TTFT/TPOT then differ by client)")
     p.add_argument("--guidellm-data", choices=("labkit", "synthetic"), default="labkit",
                    help="guidellm's prompts: labkit = the very prompts labkit loadtest sends (a json_file; the same "
                         "work for the server), synthetic = guidellm's synthetic_text of the same lengths")
