@@ -63,8 +63,12 @@ FLIPS: dict[str, str] = {
            "moving 20 %",
     "C20": "on the real server, p99 climbing from the lightest load, throughput lagging the load below the knee, "
            "or rising > 33 % past it",
-    "C21": "a step of the method pointing away from the planted cause",
-    "C22": "p99 with the unsafe stage under ~5x unloaded, or the fix not meeting the target",
+    "C21": "a step of the method pointing away from the planted cause (the tail spread over the path, the cores "
+           "or bandwidth near a ceiling, < 25 % of busy samples at the lock), or the first rung by measured cost "
+           "to meet the SLO changing answers",
+    "C22": "the shipped stage's p99 outside 3-8x the fixed stage's at the same rate (cores that queue the fixed "
+           "service too, or a lock near saturation), the fix alone missing the SLO, or int8 weights with the bug "
+           "meeting it",
 }
 
 
@@ -134,11 +138,14 @@ CLAIMS: dict[str, Claim] = {c.id: c for c in [
        "curve, checked against the throughput plateau", "ch6"),
     _c("C21", 6, "Troubleshoot in order: time the request path, compare compute vs bandwidth use, profile, vary "
        "config; cheapest fixes first.", "09_case_study",
-       "the method walked on the real server: each step's evidence must point at the planted cause",
+       "the method walked on the real server: spans, CPU and bandwidth against the ceilings, the in-server "
+       "profiler, one knob at a time with the ladder ordered by measured cost (answers changed, then effort)",
        "case"),
     _c("C22", 6, "A pre-processing step unsafe for concurrent use pushed p99 to ~5x normal; fixing it met the "
        "target without quantization.", "09_case_study",
-       "p99 E2E with the unsafe stage vs fixed vs unloaded, same rate, on the real server", "case"),
+       "a retrieval service sized on this machine (25 % of its measured capacity; a lock held across a "
+       "document-store call, busy 90 %): p99 E2E shipped vs fixed vs unloaded at the same rate, and int8 "
+       "weights with the bug still in, on the real server", "case"),
 ]}
 
 
