@@ -1,14 +1,16 @@
-"""The HTTP side: a FastAPI app over an `Engine` running in its own thread.
+"""The HTTP side: a FastAPI app over an engine that steps in a process of its own
+(`labkit.serve.core`, the default) or in a thread of this one (`--engine inproc`).
 
 Endpoints: ``POST /v1/completions`` and ``POST /v1/chat/completions`` (OpenAI-compatible,
 streaming as server-sent events or not, with `usage`, stop strings, logprobs), ``GET /health``,
 ``GET /metrics`` (Prometheus text), ``GET /v1/models``; `labkit.serve.surface` adds the API
 key, content-type and body-size guard, JSON errors, /tokenize, /detokenize, /version.
 
-The engine thread hands each step's events to the event loop with one
-``call_soon_threadsafe``; each request reads its own asyncio queue. A client that goes
-away (stream cancelled by Starlette, or a non-streaming request whose connection drops)
-cancels its sequence, which frees its KV blocks at the engine's next step.
+The engine side (the in-process thread, or the thread that reads the engine process's pipe)
+hands each step's events to the event loop with one ``call_soon_threadsafe``; each request
+reads its own asyncio queue. A client that goes away (stream cancelled by Starlette, or a
+non-streaming request whose connection drops) cancels its sequence, which frees its KV
+blocks at the engine's next step.
 """
 
 from __future__ import annotations
