@@ -169,7 +169,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
     # closed-loop requests of the capacity run, seconds the stack sampler runs during the load,
     # overload rate as a multiple of the measured capacity, burst size as a multiple of the queue bound.
     "case": {
-        "smoke": {"requests": 160, "unloaded_requests": 12, "capacity_requests": 64, "profile_s": 8.0,
+        "smoke": {"requests": 120, "unloaded_requests": 12, "capacity_requests": 64, "profile_s": 8.0,
                   "overload": 1.5, "burst": 3},
         "full": {"requests": 300, "unloaded_requests": 40, "capacity_requests": 160, "profile_s": 20.0,
                  "overload": 1.5, "burst": 3},

@@ -58,7 +58,7 @@ class Scenario:
     reaches ~3x its unloaded p99, queueing for the cores, which would hide any lock). lock_load:
     the share of time the shipped service's lock is held at that rate (rate x the store's answer
     time); the store's delay is chosen to give it. 0.9: a one-server queue, busy but not saturated,
-    where M/D/1 puts p99 at ~9x its hold time over 160 requests and ~11x over 300, so that the
+    where M/D/1 puts p99 at ~8x its hold time over 120 requests and ~11x over 300, so that the
     queueing prediction for the shipped service lands near the article's "p99 ~5x normal"; whether
     the real server follows it, and what the fix and quantization do, is measured. requests per load run;
     unloaded_requests one at a time; capacity_requests and capacity_users for the closed-loop

@@ -27,7 +27,7 @@ from labkit.loadgen import case
 def parser():
     """The shared bench flags (the server runs its decoder on CPU with 1 torch thread)."""
     return benchkit.parser("labkit.loadgen.case_bench", __doc__,
-                           quick_help="smoke sizes (160 requests per load run, about 3 minutes on 2 CPU cores)")
+                           quick_help="smoke sizes (120 requests per load run, about 3 minutes on 2 CPU cores)")
 
 
 def main(argv: list[str] | None = None) -> int:
