@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import threading
 import time
 
@@ -113,18 +114,26 @@ def test_the_lock_is_held_across_the_store_wait_and_the_profiler_shows_both_side
         except (ConnectionError, OSError, ValueError) as e:  # the store stopped under it
             errors.append(e)
 
+    def where(thread):  # the sampler's view of one thread now
+        frame = sys._current_frames().get(thread.ident)
+        return stacks._where(frame) if frame is not None else ""
+
     holder = threading.Thread(target=call, args=("holder",), name="holder")
     holder.start()
-    _wait_until(lambda: st._shared_client._borrowed)  # the holder is inside the store call
+    _wait_until(lambda: "<-" in where(holder))  # the holder is blocked in the socket read, inside the lock
     waiter = threading.Thread(target=call, args=("waiter",), name="waiter")
     waiter.start()
+    _wait_until(lambda: case.at_lock(where(waiter)))  # however slow the machine, both are in place first
     try:
         got = stacks.sample(0.3, 100)
     finally:
         st.close()
         holder.join(30)
         waiter.join(30)
-    by_thread = {name: x["frame"] for x in got["top"] for name in x["threads"]}
+    by_thread: dict[str, str] = {}
+    for x in got["top"]:  # most frequent first: each thread's main frame
+        for name in x["threads"]:
+            by_thread.setdefault(name, x["frame"])
     assert "serve/docstore.py" in by_thread["holder"] and "<-" in by_thread["holder"]  # in the socket read
     assert case.at_lock(by_thread["waiter"]) and "with self.lock:" in by_thread["waiter"]
     assert not case.at_lock(by_thread["holder"])
