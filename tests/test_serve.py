@@ -570,6 +570,12 @@ def test_result_cache_is_scoped_by_tenant(second_server):
     assert calls[0]["usage"] == first["usage"]
 
 
+async def _stream_hi(c, url: str) -> tuple[int, list[str]]:
+    """A 4-token streamed completion of "Hi" on client `c`: (status, its "data: " lines)."""
+    async with c.stream("POST", url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 4, "stream": True}) as r:
+        return r.status_code, [line async for line in r.aiter_lines() if line.startswith("data: ")]
+
+
 def _wait_for(predicate, timeout_s: float = 30.0, what: str = "condition") -> None:
     """Poll `predicate()` every 20 ms until true; fail the test after `timeout_s` s (a
     generous bound on a hang, never on how fast the work goes)."""
@@ -597,11 +603,7 @@ def test_a_full_queue_answers_429_with_retry_after(full_queue_server):
 
     async def clients():
         async with httpx.AsyncClient(timeout=30) as c:
-            async def one():
-                async with c.stream("POST", srv.url + "/v1/completions",
-                                    json={"prompt": "Hi", "max_tokens": 4, "stream": True}) as r:
-                    return r.status_code, [line async for line in r.aiter_lines() if line.startswith("data: ")]
-            waiting = [asyncio.ensure_future(one()) for _ in range(4)]
+            waiting = [asyncio.ensure_future(_stream_hi(c, srv.url)) for _ in range(4)]
             await asyncio.to_thread(_wait_for, lambda: srv.metrics()[accepted] >= 4, 30.0, "4 accepted requests")
             extra = await c.post(srv.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 4})
             m = await asyncio.to_thread(srv.metrics)
@@ -747,11 +749,7 @@ def test_a_crashed_engine_core_is_answered_with_its_cause_never_a_hang():
 
         async def clients():
             async with httpx.AsyncClient(timeout=30) as c:
-                async def stream():
-                    async with c.stream("POST", srv.url + "/v1/completions",
-                                        json={"prompt": "Hi", "max_tokens": 4, "stream": True}) as r:
-                        return r.status_code, [line async for line in r.aiter_lines() if line.startswith("data: ")]
-                waiting = [asyncio.ensure_future(stream()),
+                waiting = [asyncio.ensure_future(_stream_hi(c, srv.url)),
                            asyncio.ensure_future(c.post(srv.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 4}))]
                 await asyncio.to_thread(_wait_for, lambda: srv.metrics()[accepted] >= 2, 30.0, "2 accepted requests")
                 core.send_signal(sig.SIGKILL)

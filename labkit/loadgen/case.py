@@ -341,17 +341,13 @@ def model_bandwidth_util(run: Run, weight_bytes: float, read_bw: float) -> float
 # ------------------------------------------------------------------------------ the ladder
 @dataclasses.dataclass(frozen=True)
 class Rung:
-    """One fix. `effort`: what applying it takes (a flag, a code change, a project), in the order
-    the ladder tries them; `knobs`: what it changes in the server (None: labkit serve has no
-    such path)."""
+    """One fix. `cost`: the effort applying it takes (a flag, a code change, a project), in the
+    order the ladder lists them; `knobs`: what it changes in the server (None: labkit serve has
+    no such path)."""
 
-    effort: str
+    cost: str
     change: str
     knobs: dict[str, Any] | None
-
-    @property
-    def cost(self) -> str:  # the rung's name in tables and verdicts
-        return self.effort
 
 
 LADDER = (
