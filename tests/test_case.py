@@ -12,6 +12,8 @@ import time
 import httpx
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from labkit import ledger
 from labkit.ledger import case as verdicts
@@ -401,6 +403,41 @@ def test_md1_tail_grows_with_the_lock_load_and_run_length():
     assert verdicts.md1_p99_sojourn(0.85, 300) == busy  # seeded
     with pytest.raises(ValueError, match="load"):
         verdicts.md1_p99_sojourn(1.0, 100)
+
+
+def test_lock_sojourn_is_lindley_on_a_hand_worked_sequence():
+    # hold 1: arrivals at 0, 0.5, 1.0, 4.0 -> waits 0, 0.5, 1.0, 0 (the lock frees at 3.0)
+    got = case.lock_sojourn(np.array([0.0, 0.5, 0.5, 3.0]), 1.0)
+    assert got.tolist() == [1.0, 1.5, 2.0, 1.0]
+    assert case.lock_sojourn(np.full((3, 5), 2.0), 1.0).tolist() == [[1.0] * 5] * 3  # never queues
+
+
+@given(rate=st.floats(0.5, 50.0), lock_load=st.floats(0.3, 0.95))
+@settings(max_examples=15, deadline=None)
+def test_lock_tail_in_hold_times_does_not_depend_on_the_rate(rate, lock_load):
+    sc = case.Scenario(requests=60, lock_load=lock_load)
+    load = case.plan(rate, sc)
+    x = case.planned_lock_p99(load, lock_load / rate) / (lock_load / rate)
+    assert x == pytest.approx(case.lock_tail(sc).this_run, rel=1e-9)
+
+
+def test_typical_arrivals_replay_the_median_sequence_and_random_the_seeded_one():
+    typical, rnd = case.Scenario(requests=120), case.Scenario(requests=120, arrivals="random")
+    t, r = case.lock_tail(typical), case.lock_tail(rnd)
+    assert t.this_run == pytest.approx(t.median) and t.p10 < t.median < t.p90
+    assert (r.median, r.p10, r.p90) == (t.median, t.p10, t.p90)  # the same pool
+    assert case.arrival_seed(rnd) == rnd.seed + 1
+    assert case.arrival_seed(typical) == case.arrival_seed(case.Scenario(requests=120))  # deterministic
+    assert [s.at_s for s in case.plan(2.0, typical)] != [s.at_s for s in case.plan(2.0, rnd)]
+    with pytest.raises(ValueError, match="'lucky'.*'typical', 'random'"):
+        case.Scenario(arrivals="lucky")
+
+
+def test_c22_prediction_uses_the_planned_sequence_when_given():
+    tail = case.LockTail(this_run=7.0, median=8.7, p10=5.7, p90=14.2, requests=120)
+    p = verdicts.predict_c22(0.2, 6.8, 27.0, 0.125, 0.85, 120, 0.6, tail)
+    assert p.values["predicted unsafe p99"].value == pytest.approx(7.0 * 0.125 + 0.2 - 0.125)
+    assert "median 8.7x" in p.statement and "5.7-14.2x" in p.statement
 
 
 # ------------------------------------------------------------------ verdicts

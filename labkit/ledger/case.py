@@ -34,35 +34,37 @@ def md1_p99_sojourn(load: float, requests: int, seed: int = 0, trials: int = 200
     that service time, at utilisation `load`. What a lock held for a fixed time per request
     adds to the tail of a run of this length (short runs see less of the tail than theory's
     stationary p99)."""
+    from labkit.loadgen.case import lock_sojourn
+
     if not 0 < load < 1:
         raise ValueError(f"load must lie in (0, 1), got {load!r}")
-    rng = np.random.default_rng(seed)
-    gaps = rng.exponential(1 / load, (trials, requests))
-    wait = np.zeros((trials, requests))
-    for i in range(1, requests):
-        wait[:, i] = np.maximum(0.0, wait[:, i - 1] + 1 - gaps[:, i])
-    return float(np.median(np.percentile(wait + 1, 99, axis=1)))
+    gaps = np.random.default_rng(seed).exponential(1 / load, (trials, requests))
+    return float(np.median(np.percentile(lock_sojourn(gaps, 1.0), 99, axis=1)))
 
 
 def predict_c22(unloaded_p99_s: float, rate_rps: float, capacity_rps: float, store_delay_s: float,
-                lock_load: float, requests: int, slo_s: float) -> Prediction:
+                lock_load: float, requests: int, slo_s: float, lock_tail: Any = None) -> Prediction:
     """Before loading: the shipped stage holds its lock for the store's answer (`store_delay_s`)
-    at `lock_load` utilisation, an M/D/1 queue; its p99 wait (`md1_p99_sojourn`) added to the
-    rest of a request predicts the unsafe p99, while a stage whose requests run side by side
-    should keep p99 near the unloaded one."""
-    x = md1_p99_sojourn(lock_load, requests)
+    at `lock_load` utilisation, a one-server queue with a constant service time. Its p99 time
+    at the lock, in hold times, for the arrival sequence the runs will replay
+    (`lock_tail.this_run`, a `labkit.loadgen.case.LockTail`; without one, M/D/1's median over
+    random sequences, `md1_p99_sojourn`), added to the rest of a request, predicts the unsafe
+    p99, while a stage whose requests run side by side should keep p99 near the unloaded one."""
+    x = lock_tail.this_run if lock_tail is not None else md1_p99_sojourn(lock_load, requests)
     unsafe = x * store_delay_s + max(0.0, unloaded_p99_s - store_delay_s)
+    source = (f"this run's planned arrivals put p99 at {x:.1f}x the hold time (random sequences of {requests}: "
+              f"median {lock_tail.median:.1f}x, p10-p90 {lock_tail.p10:.1f}-{lock_tail.p90:.1f}x)"
+              if lock_tail is not None else f"M/D/1 over {requests} requests puts p99 at ~{x:.1f}x the hold time")
     return Prediction.of("C22", f"at {rate_rps:.3g} req/s ({100 * rate_rps / capacity_rps:.0f}% of the fixed service's "
                                 f"capacity) requests that run side by side keep p99 near the unloaded "
                                 f"{unloaded_p99_s:.3g} s; a lock held {1e3 * store_delay_s:.0f} ms per request at "
-                                f"{100 * lock_load:.0f}% utilisation queues them: M/D/1 over {requests} requests puts "
-                                f"p99 at ~{x:.1f}x the hold time, so ~{unsafe:.3g} s, {unsafe / unloaded_p99_s:.1f}x "
-                                f"normal (the article: ~{ARTICLE_RATIO:g}x); the fix alone restores the SLO, "
-                                "quantization does not",
+                                f"{100 * lock_load:.0f}% utilisation queues them: {source}, so ~{unsafe:.3g} s, "
+                                f"{unsafe / unloaded_p99_s:.1f}x normal (the article: ~{ARTICLE_RATIO:g}x); the fix "
+                                "alone restores the SLO, quantization does not",
                          **{"unloaded p99": (unloaded_p99_s, "s"), "SLO": (slo_s, "s"),
                             "operating rate": (rate_rps, "req/s"), "fixed capacity": (capacity_rps, "req/s"),
                             "store delay": (1e3 * store_delay_s, "ms"), "lock utilisation": (100 * lock_load, "%"),
-                            "predicted unsafe p99": (unsafe, "s")})
+                            "p99 at the lock": (x, "hold times"), "predicted unsafe p99": (unsafe, "s")})
 
 
 def judge_c22(prediction: Prediction, unloaded_p99_s: float, unsafe_p99_s: float, fixed_p99_s: float,
@@ -194,9 +196,11 @@ def walked(size: str) -> dict[str, Any]:
 
 def c22_prediction(w: dict[str, Any]) -> Prediction:
     """C22's prediction from a walked case (`walked`)."""
+    from labkit.loadgen.case import lock_tail
+
     pt, sc = w["point"], w["scenario"]
     return predict_c22(w["base"].p99, pt.rate_rps, pt.capacity_rps, pt.store_delay_s, pt.lock_load, sc.requests,
-                       w["slo"])
+                       w["slo"], lock_tail(sc))
 
 
 def run_c22(size: str = "smoke", device: Any = None) -> Verdict:
