@@ -224,8 +224,11 @@ class EngineProc:
     outputs (tokens, logprob records, times, state); a reader thread applies each step's
     outputs and hands the events to `listener` once per step, as the engine thread does."""
 
-    def __init__(self, spec: CoreSpec, start_timeout_s: float = START_TIMEOUT_S):
+    def __init__(self, spec: CoreSpec, start_timeout_s: float = START_TIMEOUT_S, wait: bool = True):
+        """Start the core process; with `wait` False return at once and call `ready()` before
+        use (the API process can load what it needs meanwhile: the core's start takes seconds)."""
         self.spec, self.cfg = spec, spec.engine
+        self._start_timeout_s = start_timeout_s
         self.metrics = SplitMetrics()
         self.listener: Callable[[list[Event]], None] | None = None
         self.failure: str | None = None
@@ -243,7 +246,16 @@ class EngineProc:
                                 daemon=True)
         self.proc.start()
         child.close()
-        info = self._wait_ready(start_timeout_s)
+        self._reader: threading.Thread | None = None
+        if wait:
+            self.ready()
+
+    def ready(self) -> None:
+        """Wait until the core has built and warmed up its engine (idempotent); raise its error
+        if it failed, TimeoutError if it took longer than the start timeout."""
+        if self._reader is not None:
+            return
+        info = self._wait_ready(self._start_timeout_s)
         self.vocab, self.pid, self.threads = info["vocab"], info["pid"], info["threads"]
         self._gauges = info["gauges"]
         self.kv = BlockManager(self.cfg.n_blocks, self.cfg.block_size, self.cfg.max_model_len, self.cfg.kv_reserve,

@@ -164,7 +164,6 @@ def check_model(model: Any, preset: str, max_model_len: int) -> None:
 def build(cfg: ServerConfig):
     """Model, tokenizer, engine, service and FastAPI app for `cfg` (the engine not started; with
     `engine="proc"` its process is started and warm, `labkit.serve.core`)."""
-    from labkit.serve.app import Service, create_app
     from labkit.tokenizer import load_tokenizer
 
     if cfg.threads:
@@ -173,14 +172,33 @@ def build(cfg: ServerConfig):
     if cfg.engine == "proc":
         from labkit.serve.core import CoreSpec, EngineProc
 
+        # The core starts in the background (a fresh interpreter, seconds): meanwhile this process
+        # loads what it needs itself, and `engine.ready()` below waits for the core.
         engine = EngineProc(CoreSpec(cfg.preset, cfg.device, cfg.threads, cfg.engine_config(tok.eos_id),
-                                     cfg.log_level, cfg.quantize))
+                                     cfg.log_level, cfg.quantize), wait=False)
         # The stage's reranker runs the model here, in the server process: its own copy, loaded only then.
         model = engine.model if cfg.preprocess != "off" else None
     else:
         model = load_model(cfg.preset, cfg.device, cfg.quantize)
         check_model(model, cfg.preset, cfg.max_model_len)
         engine = Engine(model, cfg.engine_config(tok.eos_id))
+    stage = None
+    try:
+        from labkit.serve.app import Service, create_app  # FastAPI's import, while the core starts
+
+        if cfg.preprocess != "off":
+            from labkit.serve.preprocess import Stage
+
+            stage = Stage(model, tok, cfg.stage_config())  # starts the document store; closed at shutdown
+            stage.run("warm up the stage")  # builds the document index now, not on the first request
+        if cfg.engine == "proc":
+            engine.ready()
+    except BaseException:
+        if stage is not None:
+            stage.close()
+        if cfg.engine == "proc":
+            engine.proc.kill()  # not ready yet, or failed: nothing to drain
+        raise
     if tok.vocab_size > engine.vocab:
         engine.shutdown(0.0)
         raise ValueError(f"tokenizer vocab {tok.vocab_size} > model vocab {engine.vocab}")
@@ -189,12 +207,6 @@ def build(cfg: ServerConfig):
         from labkit.serve.cache import make_cache
 
         cache = make_cache(cfg.cache)
-    stage = None
-    if cfg.preprocess != "off":
-        from labkit.serve.preprocess import Stage
-
-        stage = Stage(model, tok, cfg.stage_config())  # starts the document store; closed at shutdown
-        stage.run("warm up the stage")  # builds the document index now, not on the first request
     service = Service(engine, tok, cfg.served_model_name or cfg.preset, cache, stage)
     service.api_key, service.max_body_bytes = cfg.api_key, cfg.max_body_bytes  # read by surface.install
     return service, create_app(service)
