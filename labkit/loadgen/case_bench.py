@@ -1,7 +1,8 @@
 """`python -m labkit.loadgen.case_bench [--quick]`: the case study's figures (notebook 09), in one run.
 
 1. The scenario sized on this machine: the fixed service's capacity (closed loop), the rate
-   (50% of it) and the document store's delay (lock held 80% of the time at that rate).
+   (`Scenario.load` of it, 25%) and the document store's delay (the lock held `Scenario.lock_load`,
+   90%, of the time at that rate); the arrival sequence every load run replays (`case.lock_tail`).
 2. The shipped service (global lock around the shared store client), unloaded: p50/p99 E2E;
    the SLO (3x the unloaded p99).
 3. The same service at the rate: p50/p99/mean E2E, the span breakdown of the tail, how well
