@@ -81,6 +81,44 @@ def calibrate_served(url: str, path: str | Path | None = None, **measure_kw: Any
     return cost, rows
 
 
+def profile_grid(cfg: Any) -> dict[str, Any]:
+    """`fidelity.profile_engine` keywords covering server config `cfg`'s limits: decode batches
+    1 .. max_batch, contexts up to max_model_len, prompts up to two sequences' worth."""
+    top = cfg.max_model_len
+    batches = sorted({b for b in (1, 2, 4, 8, 12, 16, 24, 32) if b < cfg.max_batch} | {cfg.max_batch})
+    contexts = sorted({c for c in (8, 64, 192, 448) if c + 8 < top} | {top - 8 - 8})
+    prompts = sorted({p for p in (1, 8, 32, 64, 128, 256) if p < top} | {top - 12, 2 * (top - 12)})
+    return {"batches": batches, "contexts": contexts, "prompts": prompts, "block_size": cfg.block_size,
+            "max_model_len": top, "threads": cfg.threads}
+
+
+def calibrate_per_step(url: str, cfg: Any, profile: Any = None,
+                       path: str | Path | None = None) -> tuple[Any, dict[str, Any]]:
+    """The per-step twin's cost model for the server at `url` (config `cfg`): the engine alone
+    profiled here (`fidelity.profile_engine`, unless `profile` is given; run it while the server
+    is idle) plus the server's engine overhead per step and per-request latency measured from its
+    own timers and spans (`fidelity.measure_overhead`). Saved to `path` (JSON) if given.
+    The model passes are scaled by `fidelity.serving_factor` (the engine's timers on the
+    calibration load over the profile's prediction for it). Returns (StepCost, {"profile_overhead":
+    engine-alone overhead rows, "server": measure_overhead's figures, "serving_factor", "serving_ratios"
+    (per calibration run), "pure": the same model with factor 1})."""
+    import json
+
+    alone = None
+    if profile is None:
+        profile, alone = fidelity.profile_engine(**profile_grid(cfg))
+    ov = fidelity.measure_overhead(url)
+    cost = fidelity.per_step_twin(profile, ov, twin(cfg))
+    factor, ratios = fidelity.serving_factor(profile, ov["runs"], twin(cfg))
+    info = {"profile_overhead": alone, "server": {k: v for k, v in ov.items() if k != "runs"},
+            "serving_factor": factor, "serving_ratios": ratios, "pure": fidelity.per_step_twin(profile, ov)}
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps({"model": cost.to_dict(), **{k: v for k, v in info.items() if k != "pure"}},
+                                         indent=1))
+    return cost, info
+
+
 def predicted_knee(cost: Any, server: SimServer, n: int = 400, seed: int = 0, lo: float = 0.5, hi: float = 60.0,
                    points: int = 14) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The calibrated simulator's knee of the chat workload (a `labkit.sim.sweep.knee` over a
@@ -126,11 +164,23 @@ def sim_rate_sweep(cost: LinearCost, server: SimServer, rates: Sequence[float], 
 
 
 def run_levels(url: str, rates: dict[str, float], requests: dict[str, int], seed: int = 0,
-               max_duration_s: float = 120.0, **spec_kw: Any) -> dict[str, LoadResult]:
+               max_duration_s: float = 120.0, timers: dict[str, dict[str, float]] | None = None,
+               watch: Sequence[int] = (), **spec_kw: Any) -> dict[str, LoadResult]:
     """The chat workload at each named rate (requests/s) against `url`; {level: LoadResult}.
-    One seed for all levels: the same requests, paced differently."""
-    return {name: measure(url, chat_specs(requests[name], rate, seed, **spec_kw), max_duration_s=max_duration_s)
-            for name, rate in rates.items()}
+    One seed for all levels: the same requests, paced differently. `timers`: a dict to fill with
+    each level's `engine_timers` (the engine's own per-step figures over the run, with
+    "rows": tokens generated per step), from /metrics scraped before and after it, and the
+    cores used meanwhile (`fidelity.cpu_use`: cpu_ours = this process and the `watch` pids'
+    trees, e.g. the server's; cpu_others; cpu_steal)."""
+    out = {}
+    for name, rate in rates.items():
+        if timers is not None:
+            before, cpu = fidelity.scrape(url), fidelity.cpu_snapshot(watch)
+        out[name] = measure(url, chat_specs(requests[name], rate, seed, **spec_kw), max_duration_s=max_duration_s)
+        if timers is not None:
+            timers[name] = {**fidelity.step_figures(before, fidelity.scrape(url)),
+                            **{f"cpu_{k}": v for k, v in fidelity.cpu_use(cpu, fidelity.cpu_snapshot(watch)).items()}}
+    return out
 
 
 def policy_runs(specs: Sequence[RequestSpec], policies: Sequence[str], done: dict[str, LoadResult] | None = None,

@@ -24,11 +24,12 @@ import numpy as np
 from labkit.loadgen.records import RequestRecord
 from labkit.sim import cost as _cost
 from labkit.sim import metrics
-from labkit.sim.cost import CostModel
+from labkit.sim.cost import CostModel, LinearCost
 from labkit.sim.engine import simulate
 from labkit.sim.kv import KVMemory
 from labkit.sim.result import Result
 from labkit.sim.schedulers import make
+from labkit.sim.stepcost import StepCost, StepProfile
 from labkit.sim.workload import Workload
 
 COMPARED = (("ttft", "p50"), ("ttft", "p99"), ("e2e", "p50"), ("e2e", "p99"), ("throughput_rps", None))
@@ -109,6 +110,214 @@ def measure_engine(model: Any = None, *, batches: Sequence[int] = (1, 4, 8, 16),
     finally:
         torch.set_num_threads(old_threads)
     return rows
+
+
+def profile_engine(model: Any = None, *, batches: Sequence[int] = (1, 2, 4, 8, 12, 16),
+                   contexts: Sequence[int] = (8, 64, 192, 448), prompts: Sequence[int] = (1, 8, 32, 64, 128, 256, 500, 1000),
+                   steps: int = 10, repeat: int = 5, threads: int | None = 1, block_size: int = 16,
+                   max_model_len: int = 512) -> tuple[StepProfile, list[tuple[int, float]]]:
+    """The per-step model's grid, measured on `labkit.serve.engine.Engine.step()` in process (no
+    HTTP), with the engine's own timers: each step's model passes (forward + sampling) give the
+    grid's times; the rest of the step is the engine's CPU overhead, returned beside it.
+
+    Decode points: `b` sequences with `c`-token prompts, admitted and prefilled in one step,
+    then one warm-up and `steps` timed decode steps (median model time; the context is the
+    mean over the timed steps). Prefill points: `p` prompt tokens in one step (one prompt, or
+    several of equal length past `max_model_len`), 1 output token, median of `repeat`.
+    `threads`: torch intra-op threads while timing (the server runs with 1); restored afterwards.
+
+    Returns (profile, overhead rows (rows in the step, engine overhead s per step))."""
+    import torch
+
+    from labkit.model import load_tiny
+    from labkit.serve.engine import Engine, EngineConfig
+
+    model = model or load_tiny()
+    old_threads = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    gen = torch.Generator().manual_seed(0)
+    ids = lambda n: torch.randint(model.config.vocab_size, (n,), generator=gen).tolist()  # noqa: E731
+
+    def engine(max_batch: int) -> Engine:
+        return Engine(model, EngineConfig(policy="continuous", max_batch=max_batch, max_queue=max_batch + 1,
+                                          block_size=block_size, max_model_len=max_model_len))
+
+    def timed_step(eng: Engine) -> tuple[float, float]:
+        """(model s, overhead s) of one step, from the engine's timers."""
+        c = eng.metrics.counters
+        m0, s0 = c["engine_model_seconds"], c["engine_step_seconds"]
+        if not eng.step():
+            raise RuntimeError("the engine had nothing to run while being profiled")
+        return c["engine_model_seconds"] - m0, (c["engine_step_seconds"] - s0) - (c["engine_model_seconds"] - m0)
+
+    decode, prefill, overhead = [], [], []
+    try:
+        with torch.inference_mode():
+            for b in batches:
+                for c in contexts:
+                    if c + steps + 2 > max_model_len:
+                        raise ValueError(f"context {c} + {steps + 2} steps is past max_model_len={max_model_len}")
+                    eng = engine(b)
+                    for _ in range(b):
+                        eng.submit(ids(c), steps + 3, ignore_eos=True)
+                    eng.step()  # admission + prefill of all b prompts
+                    eng.step()  # warm-up decode
+                    times = [timed_step(eng) for _ in range(steps)]
+                    # at timed step i (1-based) each sequence attends over c + 1 + i tokens
+                    decode.append((b, c + 1 + (steps + 1) / 2, float(np.median([m for m, _ in times]))))
+                    overhead.append((b, float(np.median([o for _, o in times]))))
+            for p in prompts:
+                n = -(-p // (max_model_len - 1))  # prompts of equal length, each leaving room for its token
+                eng = engine(n)
+                times = []
+                for _ in range(repeat + 1):
+                    for _ in range(n):
+                        eng.submit(ids(p // n), 1, ignore_eos=True)
+                    times.append(timed_step(eng))  # admit, prefill, emit the only token, finish
+                prefill.append((n * (p // n), float(np.median([m for m, _ in times[1:]]))))
+                overhead.append((n, float(np.median([o for _, o in times[1:]]))))
+    finally:
+        torch.set_num_threads(old_threads)
+    import platform
+
+    profile = StepProfile.from_points(decode, prefill, max_model_len,
+                                      source=f"labkit engine alone on {platform.node() or 'this machine'}, "
+                                             f"{threads or old_threads} torch thread(s)")
+    return profile, overhead
+
+
+def scrape(url: str, timeout_s: float = 10.0) -> dict[str, float]:
+    """The server's /metrics at `url`, parsed (`labkit.serve.metrics.parse_prometheus`)."""
+    import urllib.request
+
+    from labkit.serve.metrics import parse_prometheus
+
+    with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=timeout_s) as r:
+        return parse_prometheus(r.read().decode())
+
+
+def step_figures(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """`labkit.serve.metrics.engine_timers` between two parsed /metrics scrapes, plus "rows": the
+    mean rows per step (tokens generated / steps: every row of a step emits one token, a prompt
+    chunk with more to come aside)."""
+    from labkit.serve.metrics import COUNTERS, engine_timers, sample
+
+    t = engine_timers(before, after)
+    tokens = sample(after, COUNTERS["generation_tokens"]) - sample(before, COUNTERS["generation_tokens"])
+    return {**t, "rows": tokens / t["steps"] if t["steps"] else float("nan")}
+
+
+def cpu_snapshot(pids: Sequence[int] = ()) -> dict[str, float]:
+    """Machine-wide CPU seconds (busy, steal) and those of this process and `pids` with their
+    children (`cpu_use` subtracts two snapshots)."""
+    import os
+    import time
+
+    import psutil
+
+    t = psutil.cpu_times()
+    busy = sum(getattr(t, k, 0.0) for k in ("user", "nice", "system", "irq", "softirq"))
+    ours = 0.0
+    procs = []
+    for pid in {os.getpid(), *pids}:
+        try:
+            p = psutil.Process(pid)
+            procs += [p, *p.children(recursive=True)]
+        except psutil.Error:
+            pass
+    for p in {q.pid: q for q in procs}.values():
+        try:
+            c = p.cpu_times()
+            ours += c.user + c.system
+        except psutil.Error:
+            pass
+    return {"wall": time.monotonic(), "busy": busy, "steal": getattr(t, "steal", 0.0), "ours": ours}
+
+
+def cpu_use(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Cores used between two `cpu_snapshot`s: "ours" (the load generator and the server), "others"
+    (every other process on the machine), "steal" (the hypervisor's, on a VM)."""
+    wall = after["wall"] - before["wall"]
+    ours = (after["ours"] - before["ours"]) / wall
+    return {"ours": ours, "others": max((after["busy"] - before["busy"]) / wall - ours, 0.0),
+            "steal": (after["steal"] - before["steal"]) / wall}
+
+
+def measure_overhead(url: str, *, concurrencies: Sequence[int] = (1, 4, 8, 16), prompt: int = 48,
+                     output: int = 48, rounds: int = 2, spaced: int = 6, seed: int = 0) -> dict[str, Any]:
+    """What the running server's engine spends per step besides its model passes, from its own
+    timers (`labkit.serve.metrics.engine_timers` between two /metrics scrapes), and the fixed
+    latency per request outside the engine, from the server's spans.
+
+    Per concurrency `c`: a closed loop of `c` users (`rounds` rounds of `prompt`-token prompts,
+    `output` tokens); its steps' mean rows (tokens generated / steps: each row of a step emits
+    one token) and overhead per step (s). A line overhead = base + per_row x rows is fitted
+    through them (both >= 0). Then `spaced` requests 0.25 s apart: the median of E2E minus the
+    server's queue + prefill + decode spans is `request_s` (tokenize, parsing, post-processing,
+    the hop between processes, the wire).
+
+    Returns {"rows": [(rows, overhead s, step s, model s, steps)], "overhead_s", "overhead_per_row_s",
+    "request_s", "runs": [(records, step_figures)] per concurrency (for `serving_factor`), "cpu":
+    `cpu_use` per concurrency (cpu "ours" here is only the load generator: the server's pid is not known)}."""
+    from labkit.loadgen import arrivals
+    from labkit.loadgen.client import Target, run_load
+
+    target = Target(url, timeout_s=120.0)
+    rows, runs, cpus = [], [], []
+    for i, c in enumerate(concurrencies):
+        if i == 0:  # the first load opens connections and warms the server: not counted
+            run_load(target, arrivals.closed_loop(c, prompt_len=prompt, output_len=output, seed=seed), users=c,
+                     warmup=0)
+        before, cpu = scrape(url), cpu_snapshot()
+        res = run_load(target, arrivals.closed_loop(rounds * c, prompt_len=prompt, output_len=output, seed=seed + c),
+                       users=c, warmup=0)
+        after = scrape(url)
+        cpus.append(cpu_use(cpu, cpu_snapshot()))
+        if not any(r.ok for r in res.measured):
+            raise RuntimeError(f"overhead calibration at concurrency {c}: no request completed")
+        t = step_figures(before, after)
+        rows.append((t["rows"], t["overhead_s"], t["step_s"], t["model_s"], int(t["steps"])))
+        runs.append((res.records, t))
+    x, y = np.array([r[0] for r in rows]), np.array([r[1] for r in rows])
+    per_row, base = np.polyfit(x, y, 1) if len(rows) > 1 and np.ptp(x) > 0 else (0.0, float(y.mean()))
+    if per_row < 0:  # overhead does not fall with more rows: a flat line through the mean
+        per_row, base = 0.0, float(y.mean())
+    elif base < 0:  # through the origin
+        per_row, base = float((x @ y) / (x @ x)), 0.0
+    res = run_load(target, arrivals.open_loop(spaced, 4.0, "uniform", prompt_len=prompt, output_len=output // 4,
+                                              seed=seed + 1), warmup=1)
+    outside = [r.e2e_s - sum(r.server_spans.get(k, 0.0) for k in ("queue", "prefill", "decode"))
+               for r in res.measured if r.ok and r.server_spans and r.e2e_s is not None]
+    if not outside:
+        raise RuntimeError("no spaced request came back with server spans (is the server labkit serve?)")
+    return {"rows": rows, "overhead_s": float(base), "overhead_per_row_s": float(per_row),
+            "request_s": float(np.median(outside)), "runs": runs, "cpu": cpus}
+
+
+def serving_factor(profile: StepProfile, runs: Sequence[tuple[Sequence[RequestRecord], dict[str, float]]],
+                   server: SimServer) -> tuple[float, list[float]]:
+    """How much slower the engine's model passes run inside the server than `profile` says:
+    per calibration run (records, `step_figures` of the engine's timers over it), the engine's
+    mean model time per step over the profile's mean model time per step when the twin replays
+    the same trace (no overhead). Returns (the median ratio, the ratio per run)."""
+    ratios = []
+    for records, real in runs:
+        twin = sim_step_figures(records, server, StepCost(profile))
+        if real["steps"] and twin["steps"]:
+            ratios.append(real["model_s"] / twin["step_s"])
+    if not ratios:
+        raise ValueError("no calibration run with steps on both sides to compare")
+    return float(np.median(ratios)), ratios
+
+
+def per_step_twin(profile: StepProfile, overhead: dict[str, Any], server: SimServer | None = None) -> StepCost:
+    """The per-step cost model: `profile`'s model passes plus `measure_overhead`'s engine
+    overhead per step and per-request latency; with `server` (the twin's `SimServer`), the model
+    passes scaled by `serving_factor` over `overhead`'s calibration runs."""
+    factor = serving_factor(profile, overhead["runs"], server)[0] if server is not None else 1.0
+    return StepCost(profile, overhead["overhead_s"], overhead["overhead_per_row_s"], overhead["request_s"],
+                    factor, name="per-step" if server is None else "per-step, served")
 
 
 def measure_server(url: str, *, concurrencies: Sequence[int] = (1, 2, 4, 8, 12, 16), contexts: Sequence[int] = (16, 128),
@@ -292,6 +501,40 @@ def span_errors(records: Sequence[RequestRecord], server: SimServer, cost: CostM
             "outside_s": float(outside.mean()),
             "outside_share": float(outside.mean() / np.mean([rs[i].e2e_s for i in idx])),
             "per_token_s": float(np.mean((real["decode"] - simd["decode"]) / tokens)), "requests": len(idx)}
+
+
+def sim_step_figures(records: Sequence[RequestRecord], server: SimServer, cost: CostModel) -> dict[str, float]:
+    """The twin's steps over the measured trace of `records`, as `step_figures` reads the real
+    engine's: steps, mean step time (s) and mean rows per step (decoders + one per step with
+    prompt tokens)."""
+    tl = server.run(trace_from_records(records), cost).timeline
+    n = len(tl["dt"])
+    return {"steps": n, "step_s": float(tl["dt"].mean()) if n else float("nan"),
+            "rows": float((tl["decode"] + (tl["prefill"] > 0)).mean()) if n else float("nan")}
+
+
+def format_step_figures(real: dict[str, dict[str, float]], sim: dict[str, dict[str, float]]) -> str:
+    """Per load level: the engine's own timers (steps, ms per step: model + overhead, rows per
+    step) beside the twin's steps over the same trace."""
+    lines = [f"{'load':<12}{'real steps':>11}{'step ms':>9}{'model':>8}{'overhead':>9}{'rows':>7}   "
+             f"{'twin steps':>11}{'step ms':>9}{'rows':>7}{'step err':>10}{'cores: ours / others / steal':>31}"]
+    for lv, r in real.items():
+        s = sim[lv]
+        cpu = (f"{r['cpu_ours']:8.2f} /{r['cpu_others']:7.2f} /{r['cpu_steal']:6.2f}" if "cpu_ours" in r else "")
+        lines.append(f"{lv:<12}{r['steps']:>11.0f}{1e3 * r['step_s']:>9.2f}{1e3 * r['model_s']:>8.2f}"
+                     f"{1e3 * r['overhead_s']:>9.3f}{r['rows']:>7.1f}   {s['steps']:>11.0f}{1e3 * s['step_s']:>9.2f}"
+                     f"{s['rows']:>7.1f}{100 * (s['step_s'] / r['step_s'] - 1):>+9.0f}%{cpu:>31}")
+    lines.append("(real: the engine's own timers over the run; twin: its steps over the same trace; cores: "
+                 "this load generator + the server, every other process, the hypervisor's steal)")
+    return "\n".join(lines)
+
+
+def cells_within(table: dict[str, dict[str, Any]], tolerance: float) -> int:
+    """How many relative errors of `compare` outputs (keyed by load level) are within
+    +-`tolerance` (a fraction); a NaN error counts as outside."""
+    if not tolerance > 0:
+        raise ValueError(f"tolerance must be a fraction > 0, got {tolerance!r}")
+    return sum(abs(e) <= tolerance for c in table.values() for e in c["error"].values())
 
 
 def format_span_errors(rows: dict[str, dict[str, Any]]) -> str:

@@ -11,6 +11,8 @@ sequences in the step). Three sources, one interface:
   least squares to measured rows (`LinearCost.fit`), it is the calibrated model.
 * `RooflineCost` the analytic roofline of a decoder on one `data/hardware.csv` row:
   t = max(FLOPs / peak, bytes / bandwidth) + overhead.
+* `labkit.sim.stepcost.StepCost` the per-step model (Vidur-style): model passes interpolated
+  from a grid measured on the engine alone, plus the engine's measured overhead per step.
 All models round-trip through JSON (`save` / `load`).
 """
 
@@ -170,8 +172,12 @@ def from_dict(d: dict[str, Any]) -> CostModel:
     """Rebuild a cost model from `to_dict()` output."""
     d = dict(d)
     kind = d.pop("kind", None)
+    if kind == "step":  # the per-step model nests its measured profile
+        from labkit.sim.stepcost import StepCost
+
+        return StepCost.from_dict(d)
     if kind not in _KINDS:
-        raise ValueError(f"cost model kind {kind!r} unknown; choose one of {', '.join(_KINDS)}")
+        raise ValueError(f"cost model kind {kind!r} unknown; choose one of {', '.join([*_KINDS, 'step'])}")
     return _KINDS[kind](**d)
 
 

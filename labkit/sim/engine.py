@@ -1,5 +1,12 @@
 """The discrete-event simulator: a server that runs steps, one `CostModel` call per step.
 
+A cost model with a `plan_time(decode_batch, chunks, context_tokens)` method is given a step's
+prompt chunks (tokens each) instead of their sum, for steps that carry prompt tokens: how the
+prompts are laid out (padded to the longest, one pass or two) changes what the step costs
+(`labkit.sim.stepcost.StepCost`). A cost model with `padded_attention = True` is passed, as
+context_tokens, the decoders' count x the longest one's context (+ the prompt tokens): the KV
+an engine reads when it pads every row to the longest, as labkit's paged batch does.
+
 Time only moves when a step runs (by its cost) or when the server idles to the next
 arrival or timer. Each step: every running sequence past its prompt decodes one token,
 and the prompt tokens the policy planned are processed. The policy is consulted only
@@ -63,6 +70,12 @@ class Simulator:
         bs = self.kv.block_size if self.kv.paged else 1
         self.phase = [0] * bs  # decoding sequences by (ctx0 - s0) mod block size
         self.heap: list[tuple[int, int, int, Seq]] = []  # (finish step, id, epoch, seq)
+        # A cost model whose engine pads every row's KV read to the longest (`padded_attention`)
+        # is passed batch x the longest decoder's context: the decoders' (ctx0 - s0) kept in a
+        # lazy max-heap with a count per key (a decoder's context now = its key + step_no).
+        self.padded = bool(getattr(cost, "padded_attention", False))
+        self._key_heap: list[int] = []
+        self._key_count: dict[int, int] = {}
         n = len(workload)
         self.t_first = np.full(n, np.nan)
         self.t_done = np.full(n, np.nan)
@@ -116,6 +129,12 @@ class Simulator:
         seq.decoding = True
         seq.ctx0, seq.s0 = seq.target, self.step_no
         self.phase[(seq.ctx0 - seq.s0) % len(self.phase)] += 1
+        if self.padded:
+            key = seq.ctx0 - seq.s0
+            n = self._key_count.get(key, 0)
+            self._key_count[key] = n + 1
+            if not n:
+                heapq.heappush(self._key_heap, -key)
         self.n_decode += 1
         heapq.heappush(self.heap, (self.step_no + seq.eff_max_tokens - seq.generated, seq.id, seq.epoch, seq))
 
@@ -124,6 +143,8 @@ class Simulator:
         seq.decoding = False
         seq.epoch += 1
         self.phase[(seq.ctx0 - seq.s0) % len(self.phase)] -= 1
+        if self.padded:
+            self._key_count[seq.ctx0 - seq.s0] -= 1  # its heap entry goes when it reaches the top
         self.n_decode -= 1
         done = self.step_no - seq.s0
         seq.generated += done
@@ -161,6 +182,7 @@ class Simulator:
         bound to locals once per run, and everything that happens only when something
         changes (arrivals, idling, preemption, prompt completion, finishing) is a method."""
         kv, phase, heap, step_time, policy = self.kv, self.phase, self.heap, self.cost.step_time, self.policy
+        plan_time, padded = getattr(self.cost, "plan_time", None), self.padded
         paged, n_phases, max_steps = kv.paged, len(self.phase), self.max_steps
         t_app, dt_app, dec_app, pre_app, bat_app, kvb_app, kvt_app = self._record
         heappop, inf = heapq.heappop, math.inf
@@ -186,7 +208,12 @@ class Simulator:
                     kv.free -= grow
                 prompt_tokens = sum(k for _, k in plan) if plan else 0
                 decoding = self.n_decode
-                dt = step_time(decoding, prompt_tokens, self.ctx + prompt_tokens)
+                read = self.ctx + prompt_tokens if not (padded and decoding) else \
+                    decoding * self._longest_context() + prompt_tokens
+                if plan and plan_time is not None:  # the cost model wants the step's prompt chunks
+                    dt = plan_time(decoding, [k for _, k in plan], read)
+                else:
+                    dt = step_time(decoding, prompt_tokens, read)
                 self.now += dt
                 self.step_no += 1
                 self.ctx += decoding + prompt_tokens
@@ -206,6 +233,13 @@ class Simulator:
                     break
             if self.step_no >= max_steps:
                 raise RuntimeError(f"stopped after max_steps={max_steps} steps")
+
+    def _longest_context(self) -> int:
+        """KV tokens held by the longest decoding sequence now (needs `padded`)."""
+        h, count = self._key_heap, self._key_count
+        while not count.get(-h[0], 0):
+            heapq.heappop(h)
+        return -h[0] + self.step_no
 
     def _deliver_arrivals(self) -> float:
         """Hand every request that has arrived by `now` to the policy, or reject it; returns

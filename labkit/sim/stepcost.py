@@ -1,0 +1,232 @@
+"""A Vidur-style per-step cost model: what the real engine spends on one step, from measured points.
+
+    step time = prefill pass(P) + decode pass(B, context per sequence) + overhead(rows)
+
+* the model passes come from a `StepProfile`, a small grid measured on the engine alone (no
+  HTTP; `labkit.loadgen.fidelity.profile_engine` times `Engine.step()` and keeps the model
+  passes' share from the engine's own timers): decode pass time over (batch, mean context per
+  sequence), interpolated bilinearly; prefill pass time over prompt tokens, interpolated
+  linearly. labkit's engine pads a step's prompts to the longest and runs a step that mixes
+  prompt and decode rows as two passes unless padding them together costs less (see
+  `labkit.serve.engine.Engine._run`); `StepCost.plan_time` lays a step out the same way;
+* `overhead_s` + `overhead_per_row_s` x rows: the engine's own CPU work per step (policy, KV
+  blocks, bookkeeping, events), measured from its timers on the running server
+  (`labkit.serve.metrics.engine_timers`), never fitted to the latencies it is compared with;
+* `request_s`: a fixed latency per request outside the engine (HTTP, tokenization, the hop
+  between processes), measured from the server's spans; it occupies no step;
+* `serving_factor`: the engine's model passes inside the running server over the profile's
+  prediction for the same steps, from the engine's timers on calibration load (1: pure profile).
+
+Out of the grid: a decode batch above the profiled largest, or a context per sequence above
+`max_context`, is an error (the profile must cover the server's limits). Below the first
+context point the first point is used (an upper bound: a step costs more with more context).
+Past the last prompt point the prefill time grows linearly with the last segment's slope: a
+step's prompts can add up past one sequence's limit, and prefill is linear in tokens there.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from typing import Any, Sequence
+
+import numpy as np
+
+
+def interp(xs: Sequence[float], ys: Sequence[float], x: float, *, extrapolate: bool = False,
+           what: str = "x") -> float:
+    """Piecewise-linear value of points (`xs` ascending, `ys`) at `x`. Below `xs[0]`: `ys[0]`.
+    Above `xs[-1]`: the last segment extended if `extrapolate` (one point: flat), else ValueError
+    naming `what`, the value and the grid's range."""
+    if x <= xs[0]:
+        return float(ys[0])
+    if x > xs[-1]:
+        if not extrapolate:
+            raise ValueError(f"{what}={x!r} is outside the profiled grid [{xs[0]}, {xs[-1]}]; "
+                             "profile the engine up to the server's limits")
+        if len(xs) == 1:
+            return float(ys[0])
+        slope = max(ys[-1] - ys[-2], 0.0) / (xs[-1] - xs[-2])
+        return float(ys[-1] + slope * (x - xs[-1]))
+    j = bisect.bisect_left(xs, x)
+    if xs[j] == x:
+        return float(ys[j])
+    x0, x1, y0, y1 = xs[j - 1], xs[j], ys[j - 1], ys[j]
+    return float(y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+
+
+def _ascending(name: str, xs: Sequence[float]) -> None:
+    if len(xs) < 1 or any(b <= a for a, b in zip(xs, xs[1:])):
+        raise ValueError(f"StepProfile.{name} must be strictly ascending and non-empty, got {list(xs)!r}")
+
+
+def _running_max(a: np.ndarray, axis: int) -> np.ndarray:
+    return np.maximum.accumulate(a, axis=axis)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepProfile:
+    """Model-pass times (s) of one engine, measured on a grid.
+
+    batches: decode batch sizes (sequences), ascending, >= 1; contexts: mean KV tokens per
+    decoding sequence, ascending; decode_s[i][j]: decode pass time at batches[i], contexts[j].
+    prompts: prompt tokens of a prefill pass, ascending, >= 1; prefill_s[k]: its time.
+    max_context: the longest context per sequence (tokens) the profile answers for (the
+    server's max_model_len)."""
+
+    batches: tuple[int, ...]
+    contexts: tuple[float, ...]
+    decode_s: tuple[tuple[float, ...], ...]
+    prompts: tuple[int, ...]
+    prefill_s: tuple[float, ...]
+    max_context: int
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("batches", "contexts", "prompts"):
+            _ascending(name, getattr(self, name))
+        if self.batches[0] < 1 or self.prompts[0] < 1:
+            raise ValueError(f"batches and prompts start at >= 1, got {self.batches[0]} and {self.prompts[0]}")
+        d = np.asarray(self.decode_s, float)
+        if d.shape != (len(self.batches), len(self.contexts)):
+            raise ValueError(f"decode_s must be {len(self.batches)} x {len(self.contexts)} (batches x contexts), "
+                             f"got shape {d.shape}")
+        if len(self.prefill_s) != len(self.prompts):
+            raise ValueError(f"prefill_s needs one time per prompt point ({len(self.prompts)}), got {len(self.prefill_s)}")
+        if not (np.all(d > 0) and np.all(np.asarray(self.prefill_s, float) > 0) and np.all(np.isfinite(d))):
+            raise ValueError("every profiled time must be a finite number of seconds > 0")
+        if self.max_context < self.contexts[-1]:
+            raise ValueError(f"max_context={self.max_context} is below the last profiled context {self.contexts[-1]}")
+
+    @classmethod
+    def from_points(cls, decode: Sequence[tuple[int, float, float]], prefill: Sequence[tuple[int, float]],
+                    max_context: int, source: str = "") -> "StepProfile":
+        """A profile from measured points: `decode` rows (batch, mean context per sequence, s) on a
+        full batch x context grid (rows of one batch share its context values up to rounding:
+        each context column is the mean of its row values), `prefill` rows (prompt tokens, s).
+        Measurement noise that makes more work cheaper is removed (a running maximum along
+        each axis), so the model never predicts a faster step for a bigger batch, a longer
+        context or a longer prompt."""
+        batches = sorted({int(b) for b, _, _ in decode})
+        by_batch = {b: sorted((c, t) for bb, c, t in decode if bb == b) for b in batches}
+        n_ctx = {len(v) for v in by_batch.values()}
+        if len(n_ctx) != 1:
+            raise ValueError(f"decode points must form a full grid: contexts per batch {sorted(n_ctx)}")
+        contexts = np.mean([[c for c, _ in by_batch[b]] for b in batches], axis=0)
+        grid = np.array([[t for _, t in by_batch[b]] for b in batches], float)
+        grid = _running_max(_running_max(grid, 0), 1)
+        pre = sorted((int(p), float(t)) for p, t in prefill)
+        pre_s = np.maximum.accumulate([t for _, t in pre])
+        return cls(tuple(batches), tuple(float(c) for c in contexts), tuple(tuple(map(float, r)) for r in grid),
+                   tuple(p for p, _ in pre), tuple(map(float, pre_s)), int(max_context), source)
+
+    def decode_at(self, batch: float, context: float) -> float:
+        """Decode pass time (s) of `batch` sequences holding `context` KV tokens each (mean)."""
+        if batch < 1 or context < 0:
+            raise ValueError(f"decode pass needs batch >= 1 and context >= 0, got batch={batch!r}, context={context!r}")
+        if context > self.max_context:
+            raise ValueError(f"context={context!r} tokens per sequence is past the profile's max_context="
+                             f"{self.max_context}")
+        rows = [interp(self.contexts, row, context, extrapolate=True, what="context") for row in self.decode_s]
+        return interp(self.batches, rows, batch, what="decode batch")
+
+    def prefill_at(self, tokens: float) -> float:
+        """Prefill pass time (s) of `tokens` prompt tokens (linear past the last point)."""
+        if tokens < 1:
+            raise ValueError(f"a prefill pass needs >= 1 prompt token, got {tokens!r}")
+        return interp(self.prompts, self.prefill_s, tokens, extrapolate=True, what="prompt tokens")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (list(map(list, v)) if k == "decode_s" else list(v) if isinstance(v, tuple) else v)
+                for k, v in dataclasses.asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "StepProfile":
+        return cls(tuple(d["batches"]), tuple(d["contexts"]), tuple(tuple(r) for r in d["decode_s"]),
+                   tuple(d["prompts"]), tuple(d["prefill_s"]), int(d["max_context"]), d.get("source", ""))
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCost:
+    """The `labkit.sim` cost interface over a `StepProfile` plus the engine's measured overhead.
+
+    step_time(B, P, C) = serving_factor x (prefill_at(P) [if P] + decode_at(B, (C - P) / B) [if B])
+    + overhead_s + overhead_per_row_s x (B + [P > 0]); C counts every KV token the step's
+    attention reads, prompt tokens included, so (C - P) / B is the context each decoder's row
+    is read to: the longest decoder's when `padded_attention` (labkit's paged batch pads every
+    row to the longest; the simulator passes B x the longest context + P), else their mean. `request_s` (s) is added to every request's TTFT and E2E by the
+    twin's replay (`labkit.loadgen.fidelity.replay`), as `ServedCost`'s. `serving_factor`: how
+    much slower the engine's model passes run inside the server than alone (other processes
+    share the cores and caches), measured from the engine's own timers on calibration load
+    (`labkit.loadgen.fidelity.serving_factor`); 1 is the pure profile."""
+
+    profile: StepProfile
+    overhead_s: float = 0.0
+    overhead_per_row_s: float = 0.0
+    request_s: float = 0.0
+    serving_factor: float = 1.0
+    name: str = "per-step"
+    # labkit's paged batch reads every row's KV up to the longest row's length: the simulator
+    # then passes decoders x the longest context (see `labkit.sim.engine`), so (C - P) / B is it
+    padded_attention: bool = True
+
+    def __post_init__(self) -> None:
+        for f in ("overhead_s", "overhead_per_row_s", "request_s"):
+            v = getattr(self, f)
+            if not (v >= 0 and np.isfinite(v)):
+                raise ValueError(f"StepCost.{f} must be a finite number of seconds >= 0, got {v!r}")
+        if not (self.serving_factor > 0 and np.isfinite(self.serving_factor)):
+            raise ValueError(f"StepCost.serving_factor must be a finite ratio > 0, got {self.serving_factor!r}")
+
+    def step_time(self, decode_batch: int, prefill_tokens: int, context_tokens: int) -> float:
+        if decode_batch < 0 or prefill_tokens < 0 or context_tokens < 0:
+            raise ValueError(f"step of decode_batch={decode_batch!r}, prefill_tokens={prefill_tokens!r}, "
+                             f"context_tokens={context_tokens!r}: all must be >= 0")
+        if decode_batch + prefill_tokens == 0:
+            return self.overhead_s
+        model = 0.0
+        if prefill_tokens:
+            model += self.profile.prefill_at(prefill_tokens)
+        if decode_batch:
+            model += self.profile.decode_at(decode_batch, max(context_tokens - prefill_tokens, 0) / decode_batch)
+        return (self.overhead_s + self.overhead_per_row_s * (decode_batch + (1 if prefill_tokens else 0))
+                + self.serving_factor * model)
+
+    def plan_time(self, decode_batch: int, chunks: Sequence[int], context_tokens: int) -> float:
+        """Step time (s) of `decode_batch` decoders plus prompt chunks `chunks` (tokens each), laid
+        out as labkit's engine runs them (`labkit.serve.engine.Engine._run`): prompt rows padded to
+        the longest chunk; decoders in the same pass (as 1-token rows, padded too) when the padding
+        at most doubles the tokens, else in a second, decode-only pass."""
+        if not chunks:
+            return self.step_time(decode_batch, 0, context_tokens)
+        if decode_batch < 0 or context_tokens < 0 or min(chunks) < 1:
+            raise ValueError(f"step of decode_batch={decode_batch!r}, chunks={list(chunks)!r}, "
+                             f"context_tokens={context_tokens!r}: counts must be >= 0 and chunks >= 1 token")
+        width, tokens, rows = max(chunks), sum(chunks), len(chunks) + decode_batch
+        if decode_batch and rows * width <= 2 * (tokens + decode_batch):
+            model = self.profile.prefill_at(rows * width)
+        else:
+            model = self.profile.prefill_at(len(chunks) * width)
+            if decode_batch:
+                model += self.profile.decode_at(decode_batch, max(context_tokens - tokens, 0) / decode_batch)
+        return self.overhead_s + self.overhead_per_row_s * rows + self.serving_factor * model
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "step", "profile": self.profile.to_dict(), "overhead_s": self.overhead_s,
+                "overhead_per_row_s": self.overhead_per_row_s, "request_s": self.request_s,
+                "serving_factor": self.serving_factor, "name": self.name,
+                "padded_attention": self.padded_attention}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "StepCost":
+        d = {k: v for k, v in d.items() if k != "kind"}
+        return cls(StepProfile.from_dict(d.pop("profile")), **d)
+
+    def __str__(self) -> str:
+        p = self.profile
+        return (f"per-step model: decode pass {1e3 * p.decode_at(1, p.contexts[0]):.2f} ms at batch 1 .. "
+                f"{1e3 * p.decode_at(p.batches[-1], p.contexts[0]):.2f} ms at batch {p.batches[-1]} "
+                f"(context {p.contexts[0]:.0f}), prefill {1e3 * p.prefill_at(p.prompts[-1]):.1f} ms at "
+                f"{p.prompts[-1]} tokens; engine overhead {1e3 * self.overhead_s:.2f} ms + "
+                f"{1e3 * self.overhead_per_row_s:.3f} ms/row per step; {1e3 * self.request_s:.1f} ms per request; "
+                f"model passes x {self.serving_factor:.2f} while serving")
