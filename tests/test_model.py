@@ -376,7 +376,7 @@ def test_decode_rates_interleaves_and_ratios_against_first():
     assert calls[:2] == [("a", 4), ("b", 4)]  # one warm-up each, then rounds a, b, a, b ...
     assert [c[0] for c in calls[2:]] == ["a", "a", "b", "b"] * 3
     assert out["a"]["ratio"] == 1.0 or out["a"]["ratio"] != out["a"]["ratio"]  # 1, or NaN if t(N) <= t(1)
-    assert set(out["b"]) == {"tok_s", "step_s", "total_s", "ratio"}
+    assert set(out["b"]) == {"tok_s", "step_s", "total_s", "ratio", "step_s_rounds"} and len(out["b"]["step_s_rounds"]) == 3
 
 
 def test_bench_helpers_smoke():

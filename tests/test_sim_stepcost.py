@@ -147,3 +147,16 @@ def test_serving_factor_scales_the_model_passes_only():
     assert slow.step_time(4, 0, 400) - 1e-3 == pytest.approx(1.5 * (plain.step_time(4, 0, 400) - 1e-3))
     with pytest.raises(ValueError, match="serving_factor"):
         StepCost(prof, serving_factor=0.0)
+
+
+def test_merging_profiles_takes_the_median_per_point():
+    a, b, c = profile(), profile(), profile()
+    slow = StepProfile.from_points([(bb, cc, 2 * decode_truth(bb, cc)) for bb in BATCHES for cc in CONTEXTS],
+                                   [(p, 2 * prefill_truth(p)) for p in PROMPTS], 512)
+    assert StepProfile.merge([a, b, slow]).decode_s == a.decode_s
+    two = StepProfile.merge([a, slow])
+    assert two.decode_at(4, 64) == pytest.approx(1.5 * decode_truth(4, 64))
+    assert two.prefill_at(64) == pytest.approx(1.5 * prefill_truth(64))
+    with pytest.raises(ValueError, match="share one grid"):
+        StepProfile.merge([a, profile(max_context=600)])
+    assert c == a

@@ -98,24 +98,23 @@ def calibrate_per_step(url: str, cfg: Any, profile: Any = None,
     profiled here (`fidelity.profile_engine`, unless `profile` is given; run it while the server
     is idle) plus the server's engine overhead per step and per-request latency measured from its
     own timers and spans (`fidelity.measure_overhead`). Saved to `path` (JSON) if given.
-    The model passes are scaled by `fidelity.serving_factor` (the engine's timers on the
-    calibration load over the profile's prediction for it). Returns (StepCost, {"profile_overhead":
-    engine-alone overhead rows, "server": measure_overhead's figures, "serving_factor", "serving_ratios"
-    (per calibration run), "pure": the same model with factor 1})."""
+    Returns (StepCost, {"profile_overhead": engine-alone overhead rows, "server": measure_overhead's
+    figures, "serving_factor", "serving_ratios": the engine's model time per step inside the
+    server over the profile's for the same calibration runs (`fidelity.serving_factor`; reported,
+    not applied)})."""
     import json
 
     alone = None
     if profile is None:
         profile, alone = fidelity.profile_engine(**profile_grid(cfg))
     ov = fidelity.measure_overhead(url)
-    cost = fidelity.per_step_twin(profile, ov, twin(cfg))
+    cost = fidelity.per_step_twin(profile, ov)
     factor, ratios = fidelity.serving_factor(profile, ov["runs"], twin(cfg))
     info = {"profile_overhead": alone, "server": {k: v for k, v in ov.items() if k != "runs"},
-            "serving_factor": factor, "serving_ratios": ratios, "pure": fidelity.per_step_twin(profile, ov)}
+            "serving_factor": factor, "serving_ratios": ratios}
     if path is not None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps({"model": cost.to_dict(), **{k: v for k, v in info.items() if k != "pure"}},
-                                         indent=1))
+        Path(path).write_text(json.dumps({"model": cost.to_dict(), **info}, indent=1))
     return cost, info
 
 

@@ -113,25 +113,44 @@ def _rate(batch: int, new_tokens: int, t_n: float, t_1: float) -> dict[str, floa
 
 
 def decode_rates(runs: dict[str, Callable[[int], object]], batch: int, new_tokens: int, repeat: int,
-                 device: torch.device | str = "cpu") -> dict[str, dict[str, float]]:
+                 device: torch.device | str = "cpu",
+                 ceiling: tuple[float, Callable[[], object]] | None = None) -> dict[str, dict[str, float]]:
     """`decode_rate` of several variants measured side by side: each of `repeat` rounds
     times every variant once, so load from other processes falls on all of them alike.
-    Adds ``ratio``: the median over rounds of this variant's tok/s over the first one's."""
+    Adds ``ratio``: the median over rounds of this variant's tok/s over the first one's, and
+    ``step_s_rounds``: its step time (s) per round. `ceiling`: (bytes, fn) timed once per round
+    too (e.g. reading the model's weight matrices); its rate per round (bytes/s) comes back under
+    the key "ceiling" as {"rounds": [...]}, so a share of it can be taken round by round."""
     times = {k: {"n": [], "1": []} for k in runs}
+    reads: list[float] = []
     for fn in runs.values():
         fn(new_tokens)  # warm-up
+    if ceiling:
+        ceiling[1]()
     for _ in range(repeat):
         for k, fn in runs.items():
             times[k]["n"].append(measure(lambda: fn(new_tokens), warmup=0, repeat=1, device=device).median)
             times[k]["1"].append(measure(lambda: fn(1), warmup=0, repeat=1, device=device).median)
-    out = {k: _rate(batch, new_tokens, statistics.median(t["n"]), statistics.median(t["1"]))
-           for k, t in times.items()}
+        if ceiling:
+            reads.append(ceiling[0] / measure(ceiling[1], warmup=0, repeat=3, device=device).median)
+    out: dict[str, dict] = {k: _rate(batch, new_tokens, statistics.median(t["n"]), statistics.median(t["1"]))
+                            for k, t in times.items()}
     first = times[next(iter(runs))]
     for k, t in times.items():
         per_round = [_rate(batch, new_tokens, tn, t1)["step_s"] for tn, t1 in zip(first["n"], first["1"])]
         mine = [_rate(batch, new_tokens, tn, t1)["step_s"] for tn, t1 in zip(t["n"], t["1"])]
         out[k]["ratio"] = statistics.median(a / b for a, b in zip(per_round, mine))
+        out[k]["step_s_rounds"] = mine
+    if ceiling:
+        out["ceiling"] = {"rounds": reads}
     return out
+
+
+def share_of_ceiling(nbytes: float, step_s_rounds: list[float], ceiling_rounds: list[float]) -> float:
+    """Median over rounds of (`nbytes` / step time) / the ceiling's rate in the same round: the
+    share of a read ceiling a decode step reaches, with each round's load on both alike."""
+    shares = [nbytes / s / c for s, c in zip(step_s_rounds, ceiling_rounds) if s == s and s > 0 and c > 0]
+    return statistics.median(shares) if shares else float("nan")
 
 
 def bytes_per_step(model: Transformer, batch: int, prompt_len: int, new_tokens: int) -> float:
@@ -141,20 +160,26 @@ def bytes_per_step(model: Transformer, batch: int, prompt_len: int, new_tokens: 
     return model.weight_bytes_per_step(batch) + kv
 
 
+def matrix_reader(model: Transformer) -> tuple[float, Callable[[], None]]:
+    """(bytes, fn): `fn` reads `model`'s weight matrices one after another, in the order a
+    decode step does, with the simplest kernel there is (a sum of each)."""
+    mats = [mod.weight.detach() for mod in model.modules() if isinstance(mod, torch.nn.Linear)]
+
+    def read_all():
+        with torch.inference_mode():
+            for w in mats:
+                w.sum()
+    return float(sum(w.numel() * w.element_size() for w in mats)), read_all
+
+
 def matrix_read_bandwidth(model: Transformer, repeat: int = 5) -> float:
     """Bytes/s at which this machine reads `model`'s weight matrices one after another, in
     the order a decode step does, with the simplest kernel there is (a sum of each): the
     practical ceiling of a layer-by-layer decoder. Next to the one-large-tensor read rate it
     shows what splitting the weights into many matrices (each a separate kernel call, its
     threads started and prefetchers ramped anew) costs before any matmul is involved."""
-    mats = [mod.weight.detach() for mod in model.modules() if isinstance(mod, torch.nn.Linear)]
-    nbytes = sum(w.numel() * w.element_size() for w in mats)
-
-    def read_all():
-        for w in mats:
-            w.sum()
-    with torch.inference_mode():
-        return nbytes / measure(read_all, warmup=1, repeat=repeat, device=model.device).median
+    nbytes, read_all = matrix_reader(model)
+    return nbytes / measure(read_all, warmup=1, repeat=repeat, device=model.device).median
 
 
 def bench_model(name: str, model: Transformer, *, batches: tuple[int, ...], prompt_len: int,
@@ -184,11 +209,15 @@ def bench_model(name: str, model: Transformer, *, batches: tuple[int, ...], prom
         if compile_:
             compiled, compile_s = compiled_model(model, b, prompt_len + new_tokens)
             variants["labkit+compile"] = lambda n: ours(n, compiled, static=True)
-        res = decode_rates(variants, b, new_tokens, repeat, model.device)
+        res = decode_rates(variants, b, new_tokens, repeat, model.device, ceiling=matrix_reader(model))
+        reads = res.pop("ceiling")["rounds"]
         for k, r in res.items():
             r["roofline"] = need / r["step_s"] / bw
+            # the per-matrix read ceiling timed in the same rounds: the median of per-round shares
+            r["matrix_roofline"] = share_of_ceiling(need, r["step_s_rounds"], reads)
+        matrix_rounds = reads
         rows.append({"model": name, "params": model.num_params(), "batch": b, "agree": agree,
-                     "bytes_per_step": need, "compile_s": compile_s, **{
+                     "bytes_per_step": need, "compile_s": compile_s, "matrix_read_rounds": matrix_rounds, **{
                          f"{k}_{f}": v for k, r in res.items() for f, v in r.items()}})
         line = f"{name:>6} b={b}: " + "  ".join(
             f"{k} {r['tok_s']:7.1f} tok/s ({100 * r['roofline']:4.0f}% roofline)" for k, r in res.items())
@@ -367,9 +396,8 @@ def body(args, dev: torch.device) -> dict:
         rows = bench_model(name, model, batches=batches, prompt_len=args.prompt_len,
                            new_tokens=new_tokens, repeat=repeat, bw=ceiling,
                            compile_=args.compile and name in args.compile_presets.split(","))
-        per_matrix = matrix_read_bandwidth(model)
-        for r in rows:  # the same step time over the per-matrix ceiling
-            r["labkit_matrix_roofline"] = r["labkit_roofline"] * ceiling / per_matrix
+        # the per-matrix ceiling: its median over every round timed beside the decodes
+        per_matrix = statistics.median([x for r in rows for x in r["matrix_read_rounds"]])
         results["rows"] += rows
         results.setdefault("matrix_read", {})[name] = per_matrix
         print(f"   its weight matrices read one after another (a sum each): {per_matrix / 1e9:.1f} GB/s = "
@@ -377,7 +405,8 @@ def body(args, dev: torch.device) -> dict:
               # above 100%: the matrices fit in this CPU's cache and are not read from DRAM
               + (" (they fit in cache)" if per_matrix > ceiling else "") + "; labkit reaches "
               + ", ".join(f"b{r['batch']} {100 * r['labkit_matrix_roofline']:.0f}%" for r in rows)
-              + " of that", flush=True)
+              + f" of that (median over {repeat} rounds of the share, each round timing the decode and the "
+              "reads back to back)", flush=True)
         if args.layouts and name == "small":
             rows = linear_layouts(model, repeat=10 if args.quick else 20)
             results["layouts"] = rows

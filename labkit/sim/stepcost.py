@@ -120,6 +120,21 @@ class StepProfile:
         return cls(tuple(batches), tuple(float(c) for c in contexts), tuple(tuple(map(float, r)) for r in grid),
                    tuple(p for p, _ in pre), tuple(map(float, pre_s)), int(max_context), source)
 
+    @classmethod
+    def merge(cls, profiles: Sequence["StepProfile"], source: str = "") -> "StepProfile":
+        """The per-point median of `profiles` measured on one grid (e.g. before and after a run,
+        so that the machine's state over the run is in the profile, not one moment's)."""
+        first = profiles[0]
+        for p in profiles[1:]:
+            if (p.batches, p.contexts, p.prompts, p.max_context) != (first.batches, first.contexts, first.prompts,
+                                                                     first.max_context):
+                raise ValueError("profiles to merge must share one grid (batches, contexts, prompts, max_context)")
+        dec = np.median([p.decode_s for p in profiles], axis=0)
+        pre = np.median([p.prefill_s for p in profiles], axis=0)
+        return cls.from_points([(b, c, float(dec[i, j])) for i, b in enumerate(first.batches)
+                                for j, c in enumerate(first.contexts)],
+                               list(zip(first.prompts, map(float, pre))), first.max_context, source or first.source)
+
     def decode_at(self, batch: float, context: float) -> float:
         """Decode pass time (s) of `batch` sequences holding `context` KV tokens each (mean)."""
         if batch < 1 or context < 0:
