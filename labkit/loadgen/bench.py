@@ -86,20 +86,23 @@ def body(quick: bool, seed: int) -> dict:
         say(f"per-step twin's knee: {knee['level']:.2f} req/s offered, capacity {knee['throughput_rps']:.2f} req/s")
         rates = {"low": 0.3 * knee["level"], "near knee": knee["level"], "overloaded": 1.6 * knee["level"]}
         timers: dict = {}
-        levels = ex.run_levels(srv.url, rates, n_level, seed=seed, timers=timers, watch=[srv.proc.pid])
+        levels, profiles = {}, [profile]
+        for lv, rate in rates.items():
+            levels.update(ex.run_levels(srv.url, {lv: rate}, n_level, seed=seed, timers=timers, watch=[srv.proc.pid]))
+            # the engine alone again after each run (the server idles): the per-step twin compared
+            # below takes the median of every profile, the machine's state over the runs, not one moment's
+            profiles.append(fidelity.profile_engine(**ex.profile_grid(cfg))[0])
         dr = ex.drift(srv.url, step_cost)
         load_runs = psutil.getloadavg()[0]
-    # The engine alone again, now that the runs are over: the per-step twin compared below takes
-    # the median of both profiles, so the machine's state over the runs is in it, not one moment's.
-    profile_after, _ = fidelity.profile_engine(**ex.profile_grid(cfg))
     before_cost = step_cost
-    step_cost = dataclasses.replace(step_cost, profile=StepProfile.merge([profile, profile_after]))
-    say(f"engine alone profiled again after the runs: decode at batch 1 {1e3 * profile.decode_s[0][0]:.2f} -> "
-        f"{1e3 * profile_after.decode_s[0][0]:.2f} ms, at batch {profile.batches[-1]} "
-        f"{1e3 * profile.decode_s[-1][0]:.2f} -> {1e3 * profile_after.decode_s[-1][0]:.2f} ms (context "
-        f"{profile.contexts[0]:.0f})")
-    out["per_step_model"] = {"model": step_cost.to_dict(), "profile_before": profile.to_dict(),
-                             "profile_after": profile_after.to_dict(), "engine_alone_overhead": alone_overhead,
+    step_cost = dataclasses.replace(step_cost, profile=StepProfile.merge(profiles))
+    p0 = profile
+    say(f"engine alone profiled {len(profiles)} times (before the runs, after each): decode pass at batch 1 "
+        + " / ".join(f"{1e3 * p.decode_s[0][0]:.2f}" for p in profiles) + f" ms, at batch {p0.batches[-1]} "
+        + " / ".join(f"{1e3 * p.decode_s[-1][0]:.2f}" for p in profiles) + f" ms (context {p0.contexts[0]:.0f}), "
+        f"prefill of {p0.prompts[-2]} tokens " + " / ".join(f"{1e3 * p.prefill_s[-2]:.1f}" for p in profiles) + " ms")
+    out["per_step_model"] = {"model": step_cost.to_dict(), "profiles": [p.to_dict() for p in profiles],
+                             "engine_alone_overhead": alone_overhead,
                              "server_overhead": step_info["server"], "serving_factor": step_info["serving_factor"],
                              "serving_ratios": step_info["serving_ratios"]}
     out["black_box_model"] = {"model": cost.to_dict(), "rows": rows}
@@ -107,7 +110,7 @@ def body(quick: bool, seed: int) -> dict:
 
     print("\n== simulator fidelity (err = sim / real - 1) ==")
     within = {}
-    for name, c in (("per-step model (engine alone, profiled before and after the runs, + its timers)", step_cost),
+    for name, c in (("per-step model (engine alone, profiled before and after each run, + its timers)", step_cost),
                     ("per-step model, profiled before the runs only", before_cost),
                     ("calibrated on the server (black box)", cost)):
         table = {lv: fidelity.compare(res.records, res.summary(), twin, c) for lv, res in levels.items()}
