@@ -153,10 +153,28 @@ def test_measure_overhead_reads_the_engines_timers_and_spans(tiny_server):
     assert len(rows) == 2 and rows[0] == pytest.approx(1.0, abs=0.35) and rows[1] > rows[0]
     assert all(r[4] > 0 and r[2] >= r[3] > 0 for r in ov["rows"])  # steps; step time >= its model time
     assert ov["overhead_s"] >= 0 and ov["overhead_per_row_s"] >= 0 and ov["request_s"] > 0
+    assert 0 <= ov["first_token_s"]
     assert len(ov["runs"]) == 2 and len(ov["cpu"]) == 2
     prof = StepProfile((1, 4), (8.0, 64.0), ((1e-3, 2e-3), (2e-3, 3e-3)), (1, 64), (1e-3, 5e-3), cfg.max_model_len)
     factor, ratios = fidelity.serving_factor(prof, ov["runs"], ex.twin(cfg))
     assert len(ratios) == 2 and factor > 0
     cost = fidelity.per_step_twin(prof, ov, ex.twin(cfg))
     assert cost.serving_factor == factor and cost.request_s == ov["request_s"]
+    assert cost.first_token_s == ov["first_token_s"]
     assert fidelity.per_step_twin(prof, ov).serving_factor == 1.0
+
+
+def test_replay_adds_the_latency_before_the_first_token_to_ttft_only():
+    prof = StepProfile((1, 8), (4.0, 256.0), ((1e-3, 2e-3), (3e-3, 5e-3)), (1, 256), (1e-3, 9e-3), 512)
+    server = fidelity.SimServer("continuous", max_batch=8, max_queue=40, kv_tokens=8 * 512, max_len=512)
+    wl = synthetic(100, 30.0, prompt={"kind": "uniform", "low": 4, "high": 100},
+                   output={"kind": "uniform", "low": 2, "high": 60}, seed=1)
+    rs = _records(wl, server.run(wl, StepCost(prof)), 0.0)
+    plain = fidelity.replay(rs, server, StepCost(prof))
+    split = fidelity.replay(rs, server, StepCost(prof, request_s=0.01, first_token_s=0.004))
+    both = fidelity.replay(rs, server, StepCost(prof, request_s=0.01))
+    assert split["ttft"]["p50"] == pytest.approx(plain["ttft"]["p50"] + 0.004)
+    assert split["e2e"]["p50"] == pytest.approx(plain["e2e"]["p50"] + 0.01)
+    assert both["ttft"]["p50"] == pytest.approx(plain["ttft"]["p50"] + 0.01)
+    with pytest.raises(ValueError, match="first_token_s"):
+        StepCost(prof, first_token_s=-1.0)

@@ -255,10 +255,11 @@ def measure_overhead(url: str, *, concurrencies: Sequence[int] = (1, 4, 8, 16), 
     one token) and overhead per step (s). A line overhead = base + per_row x rows is fitted
     through them (both >= 0). Then `spaced` requests 0.25 s apart: the median of E2E minus the
     server's queue + prefill + decode spans is `request_s` (tokenize, parsing, post-processing,
-    the hop between processes, the wire).
+    the hop between processes, the wire); the median of TTFT minus queue + prefill is
+    `first_token_s` (the same, up to the first token: no post-processing).
 
     Returns {"rows": [(rows, overhead s, step s, model s, steps)], "overhead_s", "overhead_per_row_s",
-    "request_s", "runs": [(records, step_figures)] per concurrency (for `serving_factor`), "cpu":
+    "request_s", "first_token_s", "runs": [(records, step_figures)] per concurrency (for `serving_factor`), "cpu":
     `cpu_use` per concurrency (cpu "ours" here is only the load generator: the server's pid is not known)}."""
     from labkit.loadgen import arrivals
     from labkit.loadgen.client import Target, run_load
@@ -287,12 +288,14 @@ def measure_overhead(url: str, *, concurrencies: Sequence[int] = (1, 4, 8, 16), 
         per_row, base = float((x @ y) / (x @ x)), 0.0
     res = run_load(target, arrivals.open_loop(spaced, 4.0, "uniform", prompt_len=prompt, output_len=output // 4,
                                               seed=seed + 1), warmup=1)
-    outside = [r.e2e_s - sum(r.server_spans.get(k, 0.0) for k in ("queue", "prefill", "decode"))
-               for r in res.measured if r.ok and r.server_spans and r.e2e_s is not None]
-    if not outside:
+    done = [r for r in res.measured if r.ok and r.server_spans and r.e2e_s is not None and r.ttft_s is not None]
+    if not done:
         raise RuntimeError("no spaced request came back with server spans (is the server labkit serve?)")
+    outside = [r.e2e_s - sum(r.server_spans.get(k, 0.0) for k in ("queue", "prefill", "decode")) for r in done]
+    before_first = [r.ttft_s - r.server_spans.get("queue", 0.0) - r.server_spans.get("prefill", 0.0) for r in done]
     return {"rows": rows, "overhead_s": float(base), "overhead_per_row_s": float(per_row),
-            "request_s": float(np.median(outside)), "runs": runs, "cpu": cpus}
+            "request_s": float(np.median(outside)), "first_token_s": float(max(np.median(before_first), 0.0)),
+            "runs": runs, "cpu": cpus}
 
 
 def serving_factor(profile: StepProfile, runs: Sequence[tuple[Sequence[RequestRecord], dict[str, float]]],
@@ -317,7 +320,8 @@ def per_step_twin(profile: StepProfile, overhead: dict[str, Any], server: SimSer
     passes scaled by `serving_factor` over `overhead`'s calibration runs."""
     factor = serving_factor(profile, overhead["runs"], server)[0] if server is not None else 1.0
     return StepCost(profile, overhead["overhead_s"], overhead["overhead_per_row_s"], overhead["request_s"],
-                    factor, name="per-step" if server is None else "per-step, served")
+                    factor, name="per-step" if server is None else "per-step, served",
+                    first_token_s=overhead.get("first_token_s"))
 
 
 def measure_server(url: str, *, concurrencies: Sequence[int] = (1, 2, 4, 8, 12, 16), contexts: Sequence[int] = (16, 128),
@@ -454,12 +458,14 @@ def relative_errors(simulated: dict[str, Any], real: dict[str, Any]) -> dict[str
 
 
 def replay(records: Sequence[RequestRecord], server: SimServer, cost: CostModel) -> dict[str, Any]:
-    """Simulate the measured trace of `records`; its `labkit.sim.metrics.summary` (with a
-    `ServedCost`'s per-request latency added to every TTFT and E2E)."""
+    """Simulate the measured trace of `records`; its `labkit.sim.metrics.summary` (with the cost
+    model's per-request latency `request_s` added to every E2E, and to every TTFT unless it has a
+    `first_token_s` of its own: the part of that latency before the first token)."""
     res = server.run(trace_from_records(records), cost)
     lag = getattr(cost, "request_s", 0.0)
-    if lag:
-        res = dataclasses.replace(res, t_first=res.t_first + lag, t_done=res.t_done + lag)
+    first = getattr(cost, "first_token_s", None)  # the latency before the first token, where measured apart
+    if lag or first:
+        res = dataclasses.replace(res, t_first=res.t_first + (lag if first is None else first), t_done=res.t_done + lag)
     return metrics.summary(res)
 
 

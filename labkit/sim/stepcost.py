@@ -170,7 +170,8 @@ class StepCost:
     attention reads, prompt tokens included, so (C - P) / B is the context each decoder's row
     is read to: the longest decoder's when `padded_attention` (labkit's paged batch pads every
     row to the longest; the simulator passes B x the longest context + P), else their mean. `request_s` (s) is added to every request's TTFT and E2E by the
-    twin's replay (`labkit.loadgen.fidelity.replay`), as `ServedCost`'s. `serving_factor`: how
+    twin's replay (`labkit.loadgen.fidelity.replay`), as `ServedCost`'s; `first_token_s` (s), where
+    given, is the part of it before the first token (added to TTFT instead). `serving_factor`: how
     much slower the engine's model passes run inside the server than alone (other processes
     share the cores and caches), measured from the engine's own timers on calibration load
     (`labkit.loadgen.fidelity.serving_factor`); 1 is the pure profile."""
@@ -184,10 +185,13 @@ class StepCost:
     # labkit's paged batch reads every row's KV up to the longest row's length: the simulator
     # then passes decoders x the longest context (see `labkit.sim.engine`), so (C - P) / B is it
     padded_attention: bool = True
+    first_token_s: float | None = None
 
     def __post_init__(self) -> None:
-        for f in ("overhead_s", "overhead_per_row_s", "request_s"):
+        for f in ("overhead_s", "overhead_per_row_s", "request_s", "first_token_s"):
             v = getattr(self, f)
+            if v is None and f == "first_token_s":
+                continue
             if not (v >= 0 and np.isfinite(v)):
                 raise ValueError(f"StepCost.{f} must be a finite number of seconds >= 0, got {v!r}")
         if not (self.serving_factor > 0 and np.isfinite(self.serving_factor)):
@@ -230,7 +234,7 @@ class StepCost:
         return {"kind": "step", "profile": self.profile.to_dict(), "overhead_s": self.overhead_s,
                 "overhead_per_row_s": self.overhead_per_row_s, "request_s": self.request_s,
                 "serving_factor": self.serving_factor, "name": self.name,
-                "padded_attention": self.padded_attention}
+                "padded_attention": self.padded_attention, "first_token_s": self.first_token_s}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "StepCost":
@@ -243,5 +247,6 @@ class StepCost:
                 f"{1e3 * p.decode_at(p.batches[-1], p.contexts[0]):.2f} ms at batch {p.batches[-1]} "
                 f"(context {p.contexts[0]:.0f}), prefill {1e3 * p.prefill_at(p.prompts[-1]):.1f} ms at "
                 f"{p.prompts[-1]} tokens; engine overhead {1e3 * self.overhead_s:.2f} ms + "
-                f"{1e3 * self.overhead_per_row_s:.3f} ms/row per step; {1e3 * self.request_s:.1f} ms per request; "
-                f"model passes x {self.serving_factor:.2f} while serving")
+                f"{1e3 * self.overhead_per_row_s:.3f} ms/row per step; {1e3 * self.request_s:.1f} ms per request"
+                + (f" ({1e3 * self.first_token_s:.1f} ms before its first token)" if self.first_token_s is not None
+                   else "") + (f"; model passes x {self.serving_factor:.2f}" if self.serving_factor != 1 else ""))
