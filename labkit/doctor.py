@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.metadata as md
 import re
 import sys
-from pathlib import Path
 
 FIX_HINT = "run `make setup` (or `pip install -e .`) in the repository root"
 

@@ -177,7 +177,6 @@ def plot(roof: Roofline, points: Iterable[Any] = (), ax=None, dtypes: Sequence[s
     `Result`s); each is labelled with its name (or `labels[i]`) and its % of the roof for
     its dtype. Returns the axes.
     """
-    import matplotlib.pyplot as plt
     import numpy as np
 
     ax = axes(ax, (8, 5))

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from labkit.model import (PRESETS, SamplingParams, Transformer, filter_logits, generate,
-                          generate_stream, get_config, load_checkpoint, perplexity,
+                          get_config, load_checkpoint, perplexity,
                           save_checkpoint, stream, unigram_perplexity)
 from labkit.model.transformer import MATMUL_FORMS, Linear, split_k_matmul
 

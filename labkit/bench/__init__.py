@@ -16,5 +16,5 @@ from labkit.bench.suites import (default_dtype, default_path, dram_bytes, dispat
 from labkit.bench.zoo import KERNELS, Kernel, itemsize
 
 __all__ = ["KERNELS", "Kernel", "LoadRun", "thread_scaling", "under_telemetry", "Report", "Result", "default_dtype", "default_path", "dispatch_overhead", "dram_bytes",
-           "fingerprint", "itemsize", "last_level_cache_bytes", "matmul_sweep", "run", "run_kernel",
+           "fingerprint", "itemsize", "last_level_cache_bytes", "matmul_sweep", "read_copy_bandwidth", "run", "run_kernel",
            "skinny_sweep", "stream_sweep", "supported_dtypes", "threads", "zoo_shapes", "zoo_suite"]

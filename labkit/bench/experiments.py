@@ -107,7 +107,7 @@ def intensity_sweep(device: torch.device | str, widths: list[int], *, nbytes: in
             m = torch.empty((w, w), dtype=zoo.DTYPES[dtype], device=dev).uniform_(-1 / w, 1 / w, generator=gen)
             y = torch.empty_like(x)
             stats = timing.measure(lambda: torch.matmul(x, m, out=y), warmup=1, repeat=repeat, device=dev)
-            del x, y
+            x = y = m = None  # free this size's tensors before allocating the next
         rows.append(Result("streamed_gemm", "c4", {"n": n, "width": w}, dtype, str(dev), torch.get_num_threads(),
                            flops, nb, stats.summary()))
     return rows

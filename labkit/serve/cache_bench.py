@@ -21,7 +21,6 @@ import argparse
 import json
 import time
 import urllib.request
-from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np

@@ -16,7 +16,6 @@ admission rule.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 RESERVE = ("on_demand", "max_len")  # the real engine's words too (labkit.serve.blocks)
 
