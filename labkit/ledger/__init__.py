@@ -10,9 +10,9 @@ chapter's package) and a pure `judge_cN(prediction, measured...) -> Verdict`, pl
 from labkit.ledger.book import Book, read
 from labkit.ledger.claims import CLAIMS, Claim, claim, for_notebook
 from labkit.ledger.verdict import (DEMONSTRATED, DEMONSTRATION, EVIDENCE_KINDS, FAILS, HOLDS, INCONCLUSIVE,
-                                   MEASURED, SIMULATED, Prediction, Quantity, Verdict, decide, demonstrated,
+                                   MEASURED, SIMULATED, Prediction, Quantity, Verdict, decide, demonstrated, settle,
                                    distance_from_range, inconclusive, simulated)
 
 __all__ = ["Book", "CLAIMS", "Claim", "DEMONSTRATED", "DEMONSTRATION", "EVIDENCE_KINDS", "FAILS", "HOLDS",
-           "INCONCLUSIVE", "MEASURED", "Prediction", "Quantity", "SIMULATED", "Verdict", "claim", "decide",
+           "INCONCLUSIVE", "MEASURED", "Prediction", "Quantity", "SIMULATED", "Verdict", "claim", "decide", "settle",
            "demonstrated", "distance_from_range", "for_notebook", "inconclusive", "read", "simulated"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from labkit.ledger.verdict import Prediction, Verdict, decide, distance_from_range, inconclusive
+from labkit.ledger.verdict import Prediction, Verdict, distance_from_range, inconclusive, settle
 
 # C1 tolerances. PARALLEL: a prompt token through prefill must cost <= 1/5 of a decode token
 # (a serial prefill would cost about the same). COMPUTE_SHARE: "compute-heavy" = prefill at
@@ -79,10 +79,10 @@ def judge_c1(prediction: Prediction, prefill: Sequence[Mapping[str, float]],
                                                  f"{d1['batch']} step: the weight read was not shared"))
         amortised = f" and a batch of {dB['batch']} cost {cost:.1f}x one step"
     problems = [msg for ok, msg in checks if not ok]
-    return decide(prediction, not problems,
+    return settle(prediction, problems,
                   why_holds=f"prefill ran {gain:.0f}x faster per token at {100 * compute:.0f}% of the peak; batch-1 "
                             f"decode read {100 * memory:.0f}% of the bandwidth{amortised}",
-                  why_not="; ".join(problems), evidence=ev,
+                  evidence=ev,
                   tolerance=f"prefill/decode tokens/s >= {PARALLEL:g}x; prefill >= {100 * COMPUTE_SHARE:.0f}% of peak; "
                             f"decode >= {100 * MEMORY_SHARE:.0f}% of bandwidth; batch-B step <= {AMORTISE:g} B x batch-1")
 
@@ -144,10 +144,10 @@ def judge_c2(prediction: Prediction, shares: Mapping[str, Mapping[str, float]], 
                         f"{'below' if dist < 0 else 'above'} the {lo:g}-{hi:g}% range")
     if h <= t:
         problems.append(f"heavy retrieval did not add to it ({h:.1f}% vs {t:.1f}%)")
-    return decide(prediction, not problems,
+    return settle(prediction, problems,
                   why_holds=f"the typical path spent {t:.1f}% outside the model and heavy retrieval {h:.1f}%: "
                             "time the whole request path first",
-                  why_not="; ".join(problems), evidence=ev, tolerance=tol)
+                  evidence=ev, tolerance=tol)
 
 
 def measure_c2(model: Any, queries: Sequence[str], max_new_tokens: int, n_docs: int | None, *,

@@ -22,7 +22,7 @@ import os
 from typing import Any, Mapping, Sequence
 
 from labkit.bench.counters import CounterReading
-from labkit.ledger.verdict import Prediction, Verdict, decide, inconclusive
+from labkit.ledger.verdict import Prediction, Verdict, decide, inconclusive, settle
 
 # C3: the GEMM must gain >= MIN_COMPUTE_GAIN x from the knob, or compute did not change
 # enough to test anything; "barely speeds up" = decode keeps <= PASS_ON of the GEMM's gain
@@ -235,10 +235,10 @@ def judge_c4(prediction: Prediction, intensity: Sequence[float], flop_per_s: Seq
     if fit["rms"] > FIT_RMS:
         problems.append(f"the points scatter {10 ** fit['rms']:.2f}x (rms) about the best two-segment fit: "
                         "not a slope-then-flat curve")
-    return decide(prediction, not problems,
+    return settle(prediction, problems,
                   why_holds=f"attained FLOP/s rose with intensity and flattened at {fit['knee']:.3g} FLOP/B, "
                             f"{ratio:.2f}x the predicted ridge",
-                  why_not="; ".join(problems), evidence=ev, tolerance=tol)
+                  evidence=ev, tolerance=tol)
 
 
 def measure_c4(device: Any, ridge: float, nbytes: int, dtype: str = "fp32", repeat: int = 5,
@@ -306,10 +306,10 @@ def judge_c5(prediction: Prediction, readings: Mapping[str, CounterReading] | st
     if _signature(g):
         problems.append(f"the compute-bound GEMM shows the same signature ({100 * g.compute_util:.0f}% compute, "
                         f"{100 * g.bandwidth_util:.0f}% bandwidth): it does not tell them apart")
-    return decide(prediction, not problems,
+    return settle(prediction, problems,
                   why_holds=f"counters: GEMV {100 * v.compute_util:.0f}% compute / {100 * v.bandwidth_util:.0f}% "
                             f"bandwidth, GEMM {100 * g.compute_util:.0f}% / {100 * g.bandwidth_util:.0f}%",
-                  why_not="; ".join(problems), evidence=ev, tolerance=tol)
+                  evidence=ev, tolerance=tol)
 
 
 def measure_c5(device: Any, roof: Any, gemm: Mapping[str, int], gemv: Mapping[str, int], dtype: str,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from labkit.ledger.verdict import Prediction, Verdict, decide, distance_from_range, inconclusive
+from labkit.ledger.verdict import Prediction, Verdict, decide, distance_from_range, inconclusive, settle
 
 # C6: "a large share" = at least half of the eager time is the per-op cost (measured <= 2x
 # the prediction); the prediction is confirmed when the chain is not much faster than
@@ -120,9 +120,9 @@ def judge_c6(prediction: Prediction, counted_ops: int, measured_s: float, fit: d
     if ratio < CONFIRM_LO:
         problems.append(f"the step ran {1 / ratio:.1f}x faster than ops x fixed cost: the fitted cost does not "
                         "describe these ops")
-    return decide(prediction, not problems,
+    return settle(prediction, problems,
                   why_holds=f"{counted_ops} ops x the fixed cost are {100 * share:.0f}% of the step's time",
-                  why_not="; ".join(problems), evidence=ev, tolerance=tol)
+                  evidence=ev, tolerance=tol)
 
 
 def measure_c6(n_ops: int, device: Any = "cpu", repeat: int = 20) -> dict[str, float]:
@@ -208,9 +208,9 @@ def judge_c7(prediction: Prediction, chains: Mapping[str, Mapping[str, float]] |
         problems.append(f"fusion cut latency by {100 * cut:.0f}%, {100 * -dist:.0f} points short of the claim's 20%")
     elif dist > 0:
         problems.append(f"fusion cut latency by {100 * cut:.0f}%, {100 * dist:.0f} points more than the claim's 40%")
-    return decide(prediction, not problems,
+    return settle(prediction, problems,
                   why_holds=f"graph nodes fell {min(node_cuts.values()):.0f}x or more and latency by {100 * cut:.0f}%",
-                  why_not="; ".join(problems), evidence=ev, tolerance=tol)
+                  evidence=ev, tolerance=tol)
 
 
 def measure_c7(numel: int, device: Any = "cpu", repeat: int = 5, rounds: int = 5,
@@ -286,9 +286,9 @@ def judge_c8(prediction: Prediction, max_rel_error: float, unfolded_ops: int, fo
         problems.append(f"folded output differs by {max_rel_error:.1e} of its scale")
     if folded_ops != 1:
         problems.append(f"folding left {folded_ops} ops, not one")
-    return decide(prediction, not problems,
+    return settle(prediction, problems,
                   why_holds=f"{unfolded_ops} ops became 1 and the outputs agree to {max_rel_error:.1e} of their scale",
-                  why_not="; ".join(problems), evidence=ev, tolerance=tol)
+                  evidence=ev, tolerance=tol)
 
 
 def measure_c8(batch: int = 8, channels: int = 32, hw: int = 56, inputs: int = 3, seed: int = 0,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Mapping
 
-from labkit.ledger.verdict import Prediction, Verdict, decide, distance_from_range, inconclusive
+from labkit.ledger.verdict import Prediction, Verdict, decide, distance_from_range, inconclusive, settle
 
 # C10: "nearly in proportion": the best int8 path reaches at least PROPORTION_LO of the
 # speed-up its bytes predict (below half, something other than bytes - dequantization,
@@ -173,11 +173,11 @@ def judge_c11(prediction: Prediction, ppl: Mapping[str, float], kept: int | None
             problems.append(f"mixed precision on the measured most sensitive layers removed only "
                             f"{100 * fix(mixed):.0f}%")
     calib_fix = 100 * fix(calib[best_calib]) if best_calib else 0.0
-    return decide(prediction, not problems,
+    return settle(prediction, problems,
                   why_holds=f"int4 {int4:+.1f}% vs int8 {int8:+.2f}%; the model's own activations made W8A8 "
                             f"{w8a8:+.1f}%; calibration ({calib_fix:.0f}%) and measured mixed precision "
                             f"({100 * fix(mixed):.0f}%) removed most of it",
-                  why_not="; ".join(problems), evidence=ev,
+                  evidence=ev,
                   tolerance=f"int4 >= +{BREAK_PCT:g}% and >= {HARDER:g}x int8's rise; own-activation W8A8 >= "
                             f"{HARDER:g}x int8 weights' rise; each repair removes >= {100 * REPAIR:.0f}% of W8A8's "
                             "excess; planted outliers are shown, not judged")
@@ -231,10 +231,10 @@ def judge_c12(prediction: Prediction, kept_dense: float, csr: float, structured:
         problems.append(f"CSR ran {csr:.2f}x faster than dense")
     if structured < want or structured <= max(kept_dense, csr):
         problems.append(f"structured pruning gave only {structured:.2f}x")
-    return decide(prediction, not problems,
+    return settle(prediction, problems,
                   why_holds=f"unstructured zeros gave {kept_dense:.2f}x kept dense and {csr:.2f}x in CSR; structured "
                             f"pruning {structured:.2f}x",
-                  why_not="; ".join(problems), evidence=ev,
+                  evidence=ev,
                   tolerance=f"unstructured < {NO_GAIN:g}x; structured >= {want:.2f}x (half the bytes-predicted gain) "
                             "and above both")
 
@@ -380,10 +380,10 @@ def judge_c14(prediction: Prediction, scratch_s: float, distill_s: float, quant_
     if quant_fuse is None and not problems:
         return inconclusive(prediction, f"training cost and the student hold, but quantize+fuse was not measured: "
                                         f"{quant_fuse_failure}", ev, tol)
-    return decide(prediction, not problems,
+    return settle(prediction, problems,
                   why_holds=f"distillation cost {cost:.2f}x the seconds; quantize+fuse {quant_fuse or 0:.2f}x; the "
                             f"smaller student {student:.2f}x",
-                  why_not="; ".join(problems), evidence=ev, tolerance=tol)
+                  evidence=ev, tolerance=tol)
 
 
 def quant_fused(model: Any) -> Any:

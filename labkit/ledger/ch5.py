@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from labkit.ledger.verdict import Prediction, Verdict, decide, inconclusive
+from labkit.ledger.verdict import Prediction, Verdict, decide, inconclusive, settle
 
 # C15: a batch-B decode step must give >= AMORTISE x the predicted tokens-per-step gain;
 # continuous must cut static's p99 E2E by >= P99_GAIN x at >= KEEP x its throughput, and the
@@ -73,10 +73,10 @@ def judge_c15(prediction: Prediction, step_1_s: float, step_b_s: float, batch: i
                                 (tput >= KEEP, f"continuous carried {tput:.2f}x static's throughput"),
                                 (short >= P99_GAIN, f"short requests waited only {short:.2f}x longer under static"))
                 if not ok]
-    return decide(prediction, not problems,
+    return settle(prediction, problems,
                   why_holds=f"batch {batch} amortised the weight reads ({gain:.1f}x tokens/step); static held short "
                             f"requests {short:.1f}x longer and continuous cut p99 E2E {p99:.1f}x",
-                  why_not="; ".join(problems), evidence=ev,
+                  evidence=ev,
                   tolerance=f"gain >= {AMORTISE:g}x predicted; p99 and short-request ratios >= {P99_GAIN:g}x; "
                             f"throughput >= {KEEP:g}x")
 
@@ -221,10 +221,10 @@ def judge_c16(prediction: Prediction, alone_p99_s: float, fifo_p99_s: float, pri
     problems = [m for ok, m in ((hurt >= HURT, f"FIFO raised interactive p99 TTFT only {hurt:.2f}x"),
                                 (removed >= FIX, f"priority removed only {100 * removed:.0f}% of the excess"))
                 if not ok]
-    return decide(prediction, not problems,
+    return settle(prediction, problems,
                   why_holds=f"one FIFO queue made interactive p99 TTFT {hurt:.1f}x its alone value; priority "
                             f"removed {100 * removed:.0f}% of that",
-                  why_not="; ".join(problems), evidence=ev,
+                  evidence=ev,
                   tolerance=f"FIFO >= {HURT:g}x alone; priority removes >= {100 * FIX:.0f}% of FIFO's excess")
 
 
@@ -425,11 +425,11 @@ def judge_c17(prediction: Prediction, growth: Sequence[tuple[int, int, int]], pa
         ev["int8 / model-dtype sequences"] = (int8_peak / model_peak, "x")
         if int8_peak / model_peak < MORE:
             problems.append(f"int8 KV fit only {int8_peak / model_peak:.2f}x the sequences")
-    return decide(prediction, not problems,
+    return settle(prediction, problems,
                   why_holds=f"allocated KV grew linearly ({fit['slope']:.0f} B/token, R^2 {fit['r2']:.4f}); paged "
                             f"blocks fit {paging:.1f}x the sequences" +
                             (f", int8 {int8_peak / model_peak:.1f}x" if int8_peak is not None and model_peak else ""),
-                  why_not="; ".join(problems), evidence=ev,
+                  evidence=ev,
                   tolerance=f"R^2 >= {R2}, points and slope within {100 * DEV:.0f}% (block rounding); "
                             f">= {MORE:g}x the sequences")
 
@@ -635,10 +635,10 @@ def judge_c18(prediction: Prediction, threshold: float | None, held_true: int, h
     if (hits and prec < PRECISION) or (t_hits and t_prec < PRECISION):
         problems.append(f"it removed work by serving wrong answers: {held_false} false hits on held-out pairs, "
                         f"{trace['wrong_hits']} in the trace")
-    return decide(prediction, not problems,
+    return settle(prediction, problems,
                   why_holds=f"the cache answered {100 * removed:.0f}% of the repeats: {n - calls} of {n} model calls "
                             f"and {100 * saved:.0f}% of the mean latency removed, with no wrong answer served",
-                  why_not="; ".join(problems), evidence=ev, tolerance=tol)
+                  evidence=ev, tolerance=tol)
 
 
 def trace_c18(encoder: Any, chosen: dict[str, Any], size: str = "smoke", model: Any = None) -> dict[str, Any] | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from labkit.ledger.verdict import Prediction, Verdict, decide, inconclusive, simulated
+from labkit.ledger.verdict import Prediction, Verdict, decide, inconclusive, settle, simulated
 from labkit.sim.sweep import first_past
 
 # C19: "a 30 % better mean can come with a 5 % better p99". The larger of the two relative
@@ -125,10 +125,10 @@ def judge_c20(prediction: Prediction, rows: Sequence[dict[str, Any]], axis: str 
         problems.append(f"below the knee throughput fell to {100 * worst:.0f}% of the load")
     if k["throughput_rps"] < AT_CAPACITY * cap or rise > PLATEAU:
         problems.append(f"throughput keeps rising past the knee ({100 * (rise - 1):+.0f}%): the knee is not capacity")
-    return decide(prediction, not problems,
+    return settle(prediction, problems,
                   why_holds=f"up to {below[-1][axis]:g} throughput tracked the load at flat latency; at {k[axis]:g} "
                             f"p99 passed {factor:g}x and throughput sat at {k['throughput_rps']:.3g} req/s, the plateau",
-                  why_not="; ".join(problems), evidence=ev, tolerance=tol)
+                  evidence=ev, tolerance=tol)
 
 
 # ------------------------------------------------------------------------------- runs

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 HOLDS, FAILS, INCONCLUSIVE, DEMONSTRATED = "holds", "does not hold", "inconclusive", "demonstrated"
 OUTCOMES = (HOLDS, FAILS, INCONCLUSIVE, DEMONSTRATED)
@@ -160,6 +160,15 @@ def decide(prediction: Prediction, holds: bool | None, *, why_holds: str, why_no
     else:
         outcome, reason = (HOLDS, why_holds) if holds else (FAILS, why_not)
     return Verdict(prediction.claim, outcome, reason, prediction, quantities(evidence), tolerance)
+
+
+def settle(prediction: Prediction, problems: Sequence[str], *, why_holds: str, evidence: Mapping[str, Any],
+           tolerance: str) -> Verdict:
+    """The usual end of a judge: the claim holds when the judge found no `problems` (each a
+    sentence saying which bound the measurement broke and by how much); otherwise the reason is
+    those sentences joined."""
+    return decide(prediction, not problems, why_holds=why_holds, why_not="; ".join(problems),
+                  evidence=evidence, tolerance=tolerance)
 
 
 def inconclusive(prediction: Prediction, reason: str, evidence: Mapping[str, Any] | None = None,
