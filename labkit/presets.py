@@ -13,6 +13,12 @@ from typing import Any
 import torch
 
 SIZE_CHOICES = ("smoke", "full", "auto")
+# Timed comparisons on a shared machine: at least this many repeats and interleaved rounds
+# (best round kept), whatever the preset says; a decode step here is ~5-150 ms. Measured on a
+# 2-core machine shared with other jobs, 2 rounds let one variant's best land in a busy spell
+# (C10's best int8 path moved between 1.1x and 3.4x); more short rounds give every variant
+# its quiet moment.
+MIN_REPEAT, MIN_ROUNDS = 5, 5
 
 SIZES: dict[str, dict[str, dict[str, Any]]] = {
     # 00_setup: telemetry trace length, cold/warm timing demo.

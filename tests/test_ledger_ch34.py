@@ -5,6 +5,7 @@ measurements on tiny sizes. Nothing here depends on how fast this machine is."""
 import pytest
 
 from labkit.ledger import FAILS, HOLDS, INCONCLUSIVE, ch3, ch4
+from labkit.fusion import experiments as fx
 from labkit.model import Transformer
 
 
@@ -34,10 +35,10 @@ def test_c6_on_a_model_step_with_a_fitted_fixed_cost():
 def test_c6_fit_and_step_measure_on_this_machine(one_thread):
     from labkit.model import Transformer
 
-    fit = ch3.fixed_cost_fit("cpu", widths=(16, 4096, 65536), ops=20, rounds=1)
+    fit = fx.fixed_cost_fit("cpu", widths=(16, 4096, 65536), ops=20, rounds=1)
     assert set(fit["per_op_s"]) == {16, 4096, 65536} and fit["slope_s_per_element"] > 0
-    step = ch3.decode_step(Transformer.from_preset("tiny"), 8)
-    assert ch3.count_step_ops(step) > 50 and ch3.measure_c6_step(step, repeat=3) > 0
+    step = fx.decode_step(Transformer.from_preset("tiny"), 8)
+    assert fx.count_step_ops(step) > 50 and fx.measure_c6_step(step, repeat=3) > 0
 
 
 # ------------------------------------------------------------------------------- C7
@@ -73,7 +74,7 @@ def test_c8_holds_fails_and_inconclusive():
 
 
 def test_c8_measure_folds_to_one_op_on_cpu():
-    m = ch3.measure_c8(batch=2, channels=8, hw=12, inputs=2)
+    m = fx.measure_c8(batch=2, channels=8, hw=12, inputs=2)
     assert m["max_rel_error"] < 1e-4
     assert m["unfolded_ops"] == 3
     assert m["folded_ops"] == (1 if m["fused_act"] else 2)
@@ -200,5 +201,5 @@ def test_c14_prediction_uses_the_timed_memory_bound_pair():
 
 # ------------------------------------------------------------------------------- measurements
 def test_c6_measure_counts_the_chain(one_thread):
-    m = ch3.measure_c6(30, repeat=3)
+    m = fx.measure_c6(30, repeat=3)
     assert m["ops"] == 30 and m["measured_s"] > 0

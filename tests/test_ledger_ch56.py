@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 
 from labkit.ledger import FAILS, HOLDS, INCONCLUSIVE, ch5, ch6
+from labkit.loadgen import experiments as lx
+from labkit.serve import experiments as sx
 from labkit.sim.sweep import first_past
 
 
@@ -36,7 +38,7 @@ def test_c15_measured_like_outcomes_and_engine_steps(one_thread):
     v = ch5.judge_c15(p, 0.0137, 0.0334, 8, summary["static"], summary["continuous"], 3.4, 0.4)
     assert v.outcome == FAILS and "tokens per step" in v.reason
     assert ch5.judge_c15(p, 0.0137, 0.0180, 8, summary["static"], summary["continuous"], 3.4, 0.4).outcome == HOLDS
-    steps = ch5.engine_step_times(Transformer.from_preset("tiny"), (1, 2), prompt=8, steps=4, rounds=1)
+    steps = sx.engine_step_times(Transformer.from_preset("tiny"), (1, 2), prompt=8, steps=4, rounds=1)
     assert set(steps) == {1, 2} and all(t > 0 for t in steps.values())
 
 
@@ -52,7 +54,7 @@ def test_c16_holds_and_fails():
 
 def test_c16_stream_prediction_and_measured_like_outcomes():
     cap = 130.0  # interactive requests/s of the tiny engine on a 2-core VM
-    p = ch5.predict_c16(cap, 0.3 * cap, 0, 48.0, 8, ch5.INTERACTIVE_OUT, ch5.offline_rate(cap))
+    p = ch5.predict_c16(cap, 0.3 * cap, 0, 48.0, 8, sx.INTERACTIVE_OUT, sx.offline_rate(cap))
     assert 94 < p.values["offered load"].value < 96
     assert p.values["FIFO wait"].value > p.values["priority wait"].value
     # a smoke run: alone 21 ms, FIFO 165 ms, priority 49 ms
@@ -92,7 +94,7 @@ def test_kv_growth_is_read_from_the_cache_generate_allocates(one_thread):
     model = Transformer.from_preset("tiny")
     for kv in ("model", "int8"):
         per = kv_bytes_per_token(model.config, model.dtype if kv == "model" else "int8")
-        rows = ch5.measure_kv_growth(model, batches=(1, 3), lengths=(20, 50), new_tokens=2, kv_dtype=kv)
+        rows = sx.measure_kv_growth(model, batches=(1, 3), lengths=(20, 50), new_tokens=2, kv_dtype=kv)
         assert [(b, t) for b, t, _ in rows] == [(1, 22), (1, 52), (3, 22), (3, 52)]
         # generate sizes the cache to prompt + new tokens, plus one spare slot and a length per sequence
         assert [n for *_, n in rows] == [b * (per * (t + 1) + 8) for b, t, _ in rows]
@@ -130,8 +132,8 @@ def test_c18_trace_counts_calls_and_scores_hits():
     pairs = [{"a": "How do I boil an egg?", "b": "how do i boil an egg", "label": "same"},
              {"a": "How do I turn on the oven?", "b": "How do I turn off the oven?", "label": "different"},
              {"a": "How do I boil an egg?", "b": "What is the capital of France?", "label": "different"}]
-    assert [r for _, _, r in ch5.c18_trace(pairs)] == ["first"] * 3 + ["second"] * 3
-    m = ch5.measure_c18_trace(load_encoder("ngram"), {"threshold": 0.8, "variant": "cosine"},
+    assert [r for _, _, r in sx.c18_trace(pairs)] == ["first"] * 3 + ["second"] * 3
+    m = sx.measure_c18_trace(load_encoder("ngram"), {"threshold": 0.8, "variant": "cosine"},
                               Transformer.from_preset("tiny"), load_tokenizer(), pairs, max_new_tokens=2)
     # the repeated first prompt and the surface repeat are right hits; "turn off" reusing "turn on"
     # (n-gram cosine 0.82, no guard) is a wrong one
@@ -142,7 +144,7 @@ def test_c18_trace_counts_calls_and_scores_hits():
 def test_c18_measure_ignores_identical_pairs():
     from labkit.serve.embed import load_encoder
 
-    m = ch5.measure_c18(load_encoder("ngram"))
+    m = sx.measure_c18(load_encoder("ngram"))
     assert m["held_same"] < 28  # the surface-only (identical once normalised) pairs are left out
     if m["threshold"] is not None:
         assert m["held_true"] + m["held_false"] <= 68
@@ -225,24 +227,24 @@ def fixed_cost(monkeypatch):
     from labkit.sim.cost import LinearCost
 
     cost = LinearCost(base=0.0021, per_seq=0.0, per_prefill_token=4.5e-05, per_context_token=5.0e-06)
-    monkeypatch.setattr(ch5, "calibrated_cost", lambda: cost)
+    monkeypatch.setattr(lx, "calibrated_cost", lambda: cost)
     return cost
 
 
 def test_c19_c20_are_measured_on_the_server_and_simulated_only_when_it_cannot_start(monkeypatch, fixed_cost):
     # numbers of a smoke run on the real server (2-core VM): mean -25 %, p99 +12 %
-    monkeypatch.setattr(ch6, "c19_real", lambda specs, device="cpu": {"mean": -0.248, "p99": 0.121, "p50": -0.246})
+    monkeypatch.setattr(lx, "c19_real", lambda specs, device="cpu": {"mean": -0.248, "p99": 0.121, "p50": -0.246})
     v = ch6.run_c19("smoke")
     assert (v.outcome, v.evidence_kind) == (HOLDS, "measured here")
-    monkeypatch.setattr(ch6, "c19_real", lambda specs, device="cpu": {"mean": -0.25, "p99": -0.22, "p50": -0.3})
+    monkeypatch.setattr(lx, "c19_real", lambda specs, device="cpu": {"mean": -0.25, "p99": -0.22, "p50": -0.3})
     assert ch6.run_c19("smoke").outcome == FAILS
 
     def no_server(*a, **k):
         raise RuntimeError("labkit serve exited with 1 during start-up")
-    monkeypatch.setattr(ch6, "c19_real", no_server)
+    monkeypatch.setattr(lx, "c19_real", no_server)
     v = ch6.run_c19("smoke")
     assert (v.outcome, v.evidence_kind) == (INCONCLUSIVE, "simulated") and "simulated" in v.reason
-    monkeypatch.setattr(ch6, "c20_real", no_server)
+    monkeypatch.setattr(lx, "c20_real", no_server)
     v = ch6.run_c20("smoke")
     assert (v.outcome, v.evidence_kind, v.label) == (INCONCLUSIVE, "simulated", "inconclusive (simulated)")
     # a smoke sweep of the real server (2-core VM): the knee at 16 users, but at 4-8 users
@@ -250,6 +252,6 @@ def test_c19_c20_are_measured_on_the_server_and_simulated_only_when_it_cannot_st
     rows = [{"concurrency": c, "throughput_rps": t, "e2e": {"p99": p}}
             for c, t, p in ((1, 7.9, 0.166), (2, 14.5, 0.18), (4, 17.0, 0.26), (8, 32.8, 0.31),
                             (16, 39.6, 0.421), (32, 52.2, 0.70))]
-    monkeypatch.setattr(ch6, "c20_real", lambda P, device="cpu": rows)
+    monkeypatch.setattr(lx, "c20_real", lambda P, device="cpu": rows)
     v = ch6.run_c20("smoke")
     assert (v.outcome, v.evidence_kind) == (FAILS, "measured here")

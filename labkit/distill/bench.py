@@ -19,11 +19,11 @@ import torch
 
 from labkit import benchkit
 from labkit.data import corpus_ids
-from labkit.ledger.ch4 import (MIN_ROUNDS, judge_c13, judge_c14, measure_c14_decode, order_labels, predict_c13,
-                               predict_c14)
+from labkit.ledger.ch4 import judge_c13, judge_c14, order_labels, predict_c13, predict_c14
 from labkit.distill import experiments as dx
 from labkit.distill.order import run_order, summary
 from labkit.model import load_tiny
+from labkit.presets import MIN_ROUNDS
 from labkit.prune import experiments as px
 from labkit.quant import quantize_model
 from labkit.report import format_rows
@@ -88,8 +88,8 @@ def body(run: benchkit.Session, size: str, threads: int | None) -> None:
     student = cmp["students"]["distilled"]
     pred14 = predict_c14(tiny.config, student.config, budget.distill.seq_len)
     runs = {r["run"]: r for r in cmp["cost"]}
-    speed, failure = measure_c14_decode(tiny, student, max(10, P["repeat"]), max(MIN_ROUNDS, P["rounds"]),
-                                        torch.get_num_threads())
+    speed, failure = dx.measure_c14_decode(tiny, student, max(10, P["repeat"]), max(MIN_ROUNDS, P["rounds"]),
+                                           torch.get_num_threads())
     qf_x = speed["quant+fuse"] / speed["teacher"] if "quant+fuse" in speed else None
     v14 = judge_c14(pred14, runs["from scratch"]["total_s"], runs["distilled"]["total_s"], qf_x,
                     speed["student"] / speed["teacher"], failure)

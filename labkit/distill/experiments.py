@@ -5,8 +5,9 @@ config.json (written by ``python -m labkit.train`` when it trained that checkpoi
 
 from __future__ import annotations
 
+import functools
 import json
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -14,6 +15,7 @@ from labkit.distill.cost import distillation_cost, training_flops
 from labkit.distill.trainer import KDConfig, new_student, student_config, train_student
 from labkit.model import ModelConfig, Transformer, perplexity
 from labkit.paths import TINY
+from labkit.presets import MIN_ROUNDS
 from labkit.timing import decode_tok_s
 from labkit.quant import model_bytes
 from labkit.train import TrainConfig
@@ -139,3 +141,49 @@ def prune_jumps(step_rows: list[dict]) -> dict[str, float]:
         if after["order"] == before["order"] and after["op"].startswith("prune"):
             jumps[after["order"]] = after["ppl"] / before["ppl"]
     return jumps
+
+
+@functools.lru_cache(maxsize=None)
+def distilled(size: str = "smoke") -> dict[str, Any]:
+    """One `distill_vs_scratch` run at `size` (the preset's student
+    and budget), shared by C13 and C14 in one process, plus the data and budget it used."""
+    from labkit import presets
+    from labkit.bench.core import threads
+    from labkit.data import corpus_ids
+    from labkit.model import load_tiny
+
+    P = presets.sizes("pruning", size)
+    budget = budget_from_params(P)
+    valid, train = corpus_ids("valid"), corpus_ids("train", max_chars=P["train_chars"])
+    tiny = load_tiny()
+    with threads(P["threads"]):
+        cmp = distill_vs_scratch(tiny, train, valid, budget.distill, budget.student_overrides, budget.kd,
+                                 P["ppl_windows"])
+    return {"P": P, "budget": budget, "valid": valid, "train": train, "teacher": tiny, "cmp": cmp}
+
+
+def quant_fused(model: Any) -> Any:
+    """`model` with int8 weights and its decode step compiled (``torch.compile``, static shapes)."""
+    from labkit.quant import quantize_model
+
+    q = quantize_model(model, "int8")
+    q.compile_decode(dynamic=False)
+    return q
+
+
+def measure_c14_decode(teacher: Any, student: Any, repeat: int = 10, rounds: int = MIN_ROUNDS,
+                       threads: int | None = 1) -> tuple[dict[str, float], str]:
+    """Decode tokens/s (batch 1, best of `rounds` interleaved rounds) of the fp32 `teacher`, its
+    int8 + compiled version and the smaller `student`, on `threads` torch threads. Returns
+    (speeds, failure): without a working compiler "quant+fuse" is missing and `failure` says why."""
+    from labkit.bench.core import threads as _threads
+
+    models, failure = {"teacher": teacher, "student": student}, ""
+    with _threads(threads):
+        try:
+            qf = quant_fused(teacher)
+            decode_speeds({"qf": qf}, repeat=1, rounds=1)  # compiles now, outside the timed rounds
+            models["quant+fuse"] = qf
+        except Exception as exc:  # noqa: BLE001 - a missing compiler is this machine's answer
+            failure = f"torch.compile did not work here ({type(exc).__name__})"
+        return decode_speeds(models, repeat=repeat, rounds=rounds), failure

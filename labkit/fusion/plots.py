@@ -8,7 +8,7 @@ from labkit.plots import axes
 
 def chain_bandwidth(chains: dict[str, dict[str, float]], numel: int, read_bw: float, ax=None):
     """Bars: modelled GB/s (traffic model bytes / measured time) of each chain eager and fused,
-    from `labkit.ledger.ch3.measure_c7` (`chains`) at `numel` fp32 elements, with the measured
+    from `labkit.fusion.experiments.measure_c7` (`chains`) at `numel` fp32 elements, with the measured
     read bandwidth `read_bw` (B/s) as a line."""
     from labkit.fusion.elementwise import traffic_bytes
 

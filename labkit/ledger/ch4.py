@@ -15,9 +15,10 @@ C13 and C14 share one distillation run per process (`distilled`).
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Mapping
 
+from labkit.distill import experiments as dx
+from labkit.presets import MIN_REPEAT, MIN_ROUNDS
 from labkit.ledger.verdict import Prediction, Verdict, decide, distance_from_range, inconclusive, settle
 
 # C10: "nearly in proportion": the best int8 path reaches at least PROPORTION_LO of the
@@ -37,12 +38,6 @@ NO_GAIN, STRUCT_SHARE = 1.1, 0.5
 # C13: "stable order" = the claimed order ends best or within ORDER_TOL of the best
 # (relative perplexity; closer than that is a tie at these budgets).
 ORDER_TOL = 0.02
-# Timed comparisons on a shared machine: at least this many repeats and interleaved rounds
-# (best round kept), whatever the preset says; a decode step here is ~5-150 ms. Measured on a
-# 2-core machine shared with other jobs, 2 rounds let one variant's best land in a busy spell
-# (C10's best int8 path moved between 1.1x and 3.4x); more short rounds give every variant
-# its quiet moment.
-MIN_REPEAT, MIN_ROUNDS = 5, 5
 # C14: "roughly doubles": measured seconds ratio in DOUBLE; "~30 %" = speed-up in
 # THIRTY (+/- 15 points); "integer multiple" = >= 2x.
 DOUBLE, THIRTY, MULTIPLE = (1.5, 2.5), (1.15, 1.45), 2.0
@@ -301,33 +296,13 @@ def judge_c13(prediction: Prediction, final_ppl: Mapping[str, float], claimed: s
                   evidence=ev, tolerance=f"{claimed} <= best x {1 + ORDER_TOL:g}")
 
 
-@functools.lru_cache(maxsize=None)
-def distilled(size: str = "smoke") -> dict[str, Any]:
-    """One `labkit.distill.experiments.distill_vs_scratch` run at `size` (the preset's student
-    and budget), shared by C13 and C14 in one process, plus the data and budget it used."""
-    from labkit import presets
-    from labkit.bench.core import threads
-    from labkit.data import corpus_ids
-    from labkit.distill import experiments as dx
-    from labkit.model import load_tiny
-
-    P = presets.sizes("pruning", size)
-    budget = dx.budget_from_params(P)
-    valid, train = corpus_ids("valid"), corpus_ids("train", max_chars=P["train_chars"])
-    tiny = load_tiny()
-    with threads(P["threads"]):
-        cmp = dx.distill_vs_scratch(tiny, train, valid, budget.distill, budget.student_overrides, budget.kd,
-                                    P["ppl_windows"])
-    return {"P": P, "budget": budget, "valid": valid, "train": train, "teacher": tiny, "cmp": cmp}
-
-
 def run_c13(size: str = "smoke", device: Any = None) -> Verdict:
     """C13 for `labkit ledger`: every preset order from the tiny teacher (the D step shared with C14
     via `distilled`)."""
     from labkit.bench.core import threads
     from labkit.distill.order import run_order, summary
 
-    d = distilled(size)
+    d = dx.distilled(size)
     P, cmp = d["P"], d["cmp"]
     pred = predict_c13(order_labels(P["orders"]))
     steps = []
@@ -386,34 +361,6 @@ def judge_c14(prediction: Prediction, scratch_s: float, distill_s: float, quant_
                   evidence=ev, tolerance=tol)
 
 
-def quant_fused(model: Any) -> Any:
-    """`model` with int8 weights and its decode step compiled (``torch.compile``, static shapes)."""
-    from labkit.quant import quantize_model
-
-    q = quantize_model(model, "int8")
-    q.compile_decode(dynamic=False)
-    return q
-
-
-def measure_c14_decode(teacher: Any, student: Any, repeat: int = 10, rounds: int = MIN_ROUNDS,
-                       threads: int | None = 1) -> tuple[dict[str, float], str]:
-    """Decode tokens/s (batch 1, best of `rounds` interleaved rounds) of the fp32 `teacher`, its
-    int8 + compiled version and the smaller `student`, on `threads` torch threads. Returns
-    (speeds, failure): without a working compiler "quant+fuse" is missing and `failure` says why."""
-    from labkit.bench.core import threads as _threads
-    from labkit.distill import experiments as dx
-
-    models, failure = {"teacher": teacher, "student": student}, ""
-    with _threads(threads):
-        try:
-            qf = quant_fused(teacher)
-            dx.decode_speeds({"qf": qf}, repeat=1, rounds=1)  # compiles now, outside the timed rounds
-            models["quant+fuse"] = qf
-        except Exception as exc:  # noqa: BLE001 - a missing compiler is this machine's answer
-            failure = f"torch.compile did not work here ({type(exc).__name__})"
-        return dx.decode_speeds(models, repeat=repeat, rounds=rounds), failure
-
-
 def run_c14(size: str = "smoke", device: Any = None) -> Verdict:
     """C14 for `labkit ledger`: training seconds with and without the teacher measured on the
     trained tiny model (`distilled`); decode speed-ups measured on the memory-bound model C12
@@ -423,14 +370,14 @@ def run_c14(size: str = "smoke", device: Any = None) -> Verdict:
     from labkit.distill.trainer import new_student, student_config
     from labkit.model import Transformer
 
-    d = distilled(size)
+    d = dx.distilled(size)
     P, cmp, teacher = d["P"], d["cmp"], d["teacher"]
     student = cmp["students"]["distilled"]
     big = Transformer.from_preset(P["speed_preset"], **P["speed_overrides"])
     small = new_student(student_config(big.config, **d["budget"].student_overrides))
     pred = predict_c14(teacher.config, student.config, d["budget"].distill.seq_len, big.config, small.config)
     runs = {r["run"]: r for r in cmp["cost"]}
-    speed, failure = measure_c14_decode(big, small, max(10, P["repeat"]), max(MIN_ROUNDS, P["rounds"]), P["threads"])
+    speed, failure = dx.measure_c14_decode(big, small, max(10, P["repeat"]), max(MIN_ROUNDS, P["rounds"]), P["threads"])
     qf_x = speed["quant+fuse"] / speed["teacher"] if "quant+fuse" in speed else None
     return judge_c14(pred, runs["from scratch"]["total_s"], runs["distilled"]["total_s"], qf_x,
                      speed["student"] / speed["teacher"], failure)

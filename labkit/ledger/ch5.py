@@ -14,12 +14,12 @@ mean latency removed, with hit precision as the guard.
 
 from __future__ import annotations
 
-import functools
-import time
 from typing import Any, Sequence
 
 import numpy as np
 
+from labkit.loadgen import experiments as lx
+from labkit.serve import experiments as sx
 from labkit.ledger.verdict import Prediction, Verdict, decide, inconclusive, settle
 
 # C15: a batch-B decode step must give >= AMORTISE x the predicted tokens-per-step gain;
@@ -34,16 +34,6 @@ HURT, FIX = 2.0, 0.75
 R2, DEV, MORE = 0.99, 0.15, 1.2
 # C18: hit precision on held-out non-identical pairs.
 PRECISION = 0.99
-
-
-@functools.lru_cache(maxsize=None)
-def calibrated_cost() -> Any:
-    """A `LinearCost` fitted now to the tiny decoder's step times on this machine (CPU, smoke
-    sweep: seconds); cached for the process so every claim uses one calibration."""
-    from labkit.sim import calibrate
-
-    return calibrate.calibrate(rows=calibrate.measure_decoder(batches=(1, 8), contexts=(64,), prompts=(32, 128),
-                                                              repeat=3))
 
 
 # ------------------------------------------------------------------------------- C15
@@ -81,85 +71,6 @@ def judge_c15(prediction: Prediction, step_1_s: float, step_b_s: float, batch: i
                             f"throughput >= {KEEP:g}x")
 
 
-def short_e2e(e2e: np.ndarray, output: np.ndarray, quantile: float = 25) -> float:
-    """Mean E2E (s) of the requests whose output is in the shortest `quantile` %."""
-    mask = output <= np.percentile(output, quantile)
-    return float(np.nanmean(e2e[mask]))
-
-
-def sim_static_vs_continuous(cost: Any, n: int = 600, load: float = 0.7, seed: int = 0) -> dict[str, Any]:
-    """The chat trace at `load` x the cost model's capacity through the twin, static vs continuous."""
-    import dataclasses
-
-    from labkit.ledger.ch6 import _sim_server, sim_capacity
-    from labkit.loadgen import arrivals
-    from labkit.loadgen import experiments as lx
-    from labkit.sim import metrics
-
-    twin = _sim_server()
-    rate = load * sim_capacity(cost, twin, lx.CHAT_PROMPT["mean"], lx.CHAT_OUTPUT["mean"])
-    wl = arrivals.to_workload(lx.chat_specs(n, rate, seed))
-    out: dict[str, Any] = {"rate": rate}
-    for pol in ("static", "continuous"):
-        res = dataclasses.replace(twin, policy=pol).run(wl, cost)
-        out[pol] = metrics.summary(res)
-        out[f"short_{pol}"] = short_e2e(metrics.per_request(res)["e2e"], wl.output)
-    return out
-
-
-def engine_step_times(model: Any, batches: Sequence[int] = (1, 8), prompt: int = 64, steps: int = 24,
-                      rounds: int = 3) -> dict[int, float]:
-    """Seconds per decode step of the real engine (`labkit.serve.engine`) running `batch`
-    sequences of a `prompt`-token prompt: every step after the prefill timed, the median per
-    round, the best of `rounds` rounds interleaved across batches (a neighbour's burst then hits
-    a round, not a batch size)."""
-    import torch
-
-    from labkit.serve.engine import Engine, EngineConfig
-
-    gen = torch.Generator().manual_seed(0)
-    best: dict[int, float] = {}
-    for _ in range(rounds):
-        for b in batches:
-            eng = Engine(model, EngineConfig(policy="continuous", max_batch=b, max_queue=b + 1,
-                                             max_model_len=prompt + steps + 8))
-            for _ in range(b):
-                eng.submit(torch.randint(0, model.config.vocab_size, (prompt,), generator=gen).tolist(), steps,
-                           ignore_eos=True)
-            eng.step()  # admits and prefills every sequence
-            times = []
-            while True:
-                t0 = time.perf_counter()
-                busy = eng.step()
-                times.append(time.perf_counter() - t0)
-                if not busy or not eng.running:
-                    break
-            best[b] = min(best.get(b, float("inf")), float(np.median(times[:-1] or times)))
-    return best
-
-
-def c15_server(n: int, seed: int = 0, device: str = "cpu", load: float = 0.6) -> dict[str, Any]:
-    """Static vs continuous batching on the real server (`labkit serve`, tiny preset): static's
-    capacity measured first (a burst of `n` // 2 chat requests at once: completions per s),
-    then one open-loop chat trace of `n` requests at `load` x that capacity against a fresh
-    server per policy. Summaries ("throughput_rps", "e2e" {"p99"}) and the shortest quarter's
-    mean E2E (s) per policy, and the rate."""
-    from labkit.loadgen import experiments as lx
-
-    out: dict[str, Any] = {}
-    with lx.serve("static", device=device) as srv:
-        burst = lx.measure(srv.url, lx.chat_specs(max(8, n // 2), 1e6, seed + 1), warmup=1)
-        out["static_capacity"] = burst.summary()["throughput_rps"]
-        out["rate"] = load * out["static_capacity"]
-        specs = lx.chat_specs(n, out["rate"], seed)
-        res = lx.measure(srv.url, specs)
-        out["static"], out["short_static"] = res.summary(), lx.short_request_e2e(res)
-    with lx.serve("continuous", device=device) as srv:
-        res = lx.measure(srv.url, specs)
-        out["continuous"], out["short_continuous"] = res.summary(), lx.short_request_e2e(res)
-    return out
-
-
 def run_c15(size: str = "smoke", device: Any = None) -> Verdict:
     """Tokens per step at batch 1 vs 8 on the real engine with the memory-bound model of C10
     (weights past the cache), then static vs continuous batching on the real server at 60 %
@@ -172,8 +83,8 @@ def run_c15(size: str = "smoke", device: Any = None) -> Verdict:
     model = Transformer.from_preset(Q["c10_preset"], **Q["c10_overrides"])
     pred = predict_c15(model.num_params() * model.dtype.itemsize, kv_bytes_per_token(model.config, model.dtype),
                        64, 8)
-    steps = engine_step_times(model, (1, 8), prompt=64)  # on all threads, like C1's batch cost
-    m = c15_server(80 if size == "smoke" else 300, device=getattr(device, "type", "cpu"))
+    steps = sx.engine_step_times(model, (1, 8), prompt=64)  # on all threads, like C1's batch cost
+    m = lx.c15_server(80 if size == "smoke" else 300, device=getattr(device, "type", "cpu"))
     return judge_c15(pred, steps[1], steps[8], 8, m["static"], m["continuous"], m["short_static"],
                      m["short_continuous"])
 
@@ -228,94 +139,6 @@ def judge_c16(prediction: Prediction, alone_p99_s: float, fifo_p99_s: float, pri
                   tolerance=f"FIFO >= {HURT:g}x alone; priority removes >= {100 * FIX:.0f}% of FIFO's excess")
 
 
-def _drive(eng: Any, plan: Sequence[tuple[float, list[int], int, int]]) -> list[Any]:
-    """Run `eng` in this thread, submitting each (at_s, prompt_ids, max_tokens, priority) when
-    its time comes (arrival = its planned time, so a late submit still counts its wait)."""
-    t0 = time.monotonic()
-    order = sorted(range(len(plan)), key=lambda i: plan[i][0])
-    reqs: list[Any] = [None] * len(plan)
-    j = 0
-    while True:
-        now = time.monotonic() - t0
-        while j < len(order) and plan[order[j]][0] <= now:
-            at, ids, mt, pr = plan[order[j]]
-            reqs[order[j]] = eng.submit(ids, mt, ignore_eos=True, priority=pr, arrival=t0 + at)
-            j += 1
-        if not eng.step():
-            if j == len(order) and not (eng.running or eng.queue_depth):
-                return reqs
-            if j < len(order):
-                time.sleep(max(0.0, min(0.005, t0 + plan[order[j]][0] - time.monotonic())))
-
-
-def _engine(model: Any, queue: str, max_batch: int, n: int) -> Any:
-    from labkit.serve.engine import Engine, EngineConfig
-    from labkit.sim import schedulers
-
-    eng = Engine(model, EngineConfig(policy="continuous", max_batch=max_batch, max_queue=n + 1, max_model_len=256))
-    # EngineConfig has no queue option: the same scheduler, ordering its queue by the
-    # requests' `priority` (lower first) instead of by arrival alone.
-    eng.policy = schedulers.make("continuous", max_batch=max_batch, queue=queue)
-    eng.warmup()
-    return eng
-
-
-INTERACTIVE_OUT = 8  # tokens an interactive request generates (its prompt: 16 tokens)
-
-
-def engine_capacity(model: Any, max_batch: int = 8, seed: int = 0) -> float:
-    """Interactive requests/s the engine completes with its batch kept full (4 batches' worth
-    submitted at once), measured now."""
-    rng = np.random.default_rng(seed + 1)
-    n = 4 * max_batch
-    eng = _engine(model, "fifo", max_batch, n)
-    plan = [(0.0, rng.integers(0, model.config.vocab_size, 16).tolist(), INTERACTIVE_OUT, 0) for _ in range(n)]
-    t0 = time.perf_counter()
-    _drive(eng, plan)
-    return n / (time.perf_counter() - t0)
-
-
-# C16's traffic: interactive requests at INTERACTIVE_LOAD of the measured capacity, offline
-# jobs streaming in at OFFLINE_LOAD of it (in interactive-request units of work): together
-# ~95 %, a busy server with headroom, not an overloaded one (where any FIFO must lose).
-INTERACTIVE_LOAD, OFFLINE_LOAD, OFFLINE_OUT = 0.3, 0.65, 48.0
-
-
-def offline_rate(capacity_rps: float, offline_load: float = OFFLINE_LOAD, offline_out: float = OFFLINE_OUT) -> float:
-    """Offline jobs/s whose decode work is `offline_load` x the capacity (interactive requests/s)."""
-    return offline_load * capacity_rps * INTERACTIVE_OUT / offline_out
-
-
-def measure_c16(model: Any, capacity_rps: float, *, max_batch: int = 8, backlog: int | None = None,
-                interactive: int = 40, load: float = INTERACTIVE_LOAD, seed: int = 0,
-                offline_load: float = OFFLINE_LOAD) -> dict[str, Any]:
-    """Interactive requests (16-token prompts, 8 tokens out, priority 0) at `load` x
-    `capacity_rps`, interleaved with offline jobs (32-token prompts, lognormal outputs ~48
-    tokens, priority 1) arriving as a Poisson stream at `offline_rate(capacity, offline_load)`
-    over the same window (`backlog` jobs; None: as many as the stream brings in that window);
-    p99 TTFT (s) of the interactive class alone, mixed under FIFO, mixed under priority."""
-    rng = np.random.default_rng(seed)
-    vocab, out_i = model.config.vocab_size, INTERACTIVE_OUT
-    inter = [rng.integers(0, vocab, 16).tolist() for _ in range(interactive)]
-    rate = load * capacity_rps
-    at = 0.05 + np.cumsum(rng.exponential(1 / rate, interactive))
-    off_rate = offline_rate(capacity_rps, offline_load)
-    n_off = backlog if backlog is not None else max(1, int(round(off_rate * at[-1])))
-    off_at = 0.05 + np.cumsum(rng.exponential(1 / off_rate, n_off))
-    off_out = np.clip(rng.lognormal(np.log(OFFLINE_OUT), 0.5, n_off).round(), 8, 128).astype(int)
-    offline = [(float(t), rng.integers(0, vocab, 32).tolist(), int(o), 1) for t, o in zip(off_at, off_out)]
-    online = [(float(t), ids, out_i, 0) for t, ids in zip(at, inter)]
-    out: dict[str, Any] = {"capacity_rps": capacity_rps, "interactive_rps": rate, "offline_rps": off_rate,
-                           "offline_out": float(off_out.mean()), "max_batch": max_batch, "backlog": n_off,
-                           "interactive_out": out_i}
-    for name, queue, plan in (("alone", "fifo", online), ("fifo", "fifo", online + offline),
-                              ("priority", "priority", online + offline)):
-        reqs = _drive(_engine(model, queue, max_batch, len(plan)), plan)
-        out[name] = float(np.percentile([r.ttft for r in reqs[:interactive]], 99))
-        out[f"offline_done_{name}"] = sum(r.state == "done" for r in reqs[interactive:])
-    return out
-
-
 def run_c16(size: str = "smoke", device: Any = None) -> Verdict:
     from labkit.bench.core import threads
     from labkit.model import load_tiny
@@ -323,55 +146,13 @@ def run_c16(size: str = "smoke", device: Any = None) -> Verdict:
     with threads(1):  # the engine's steps on one thread; the caller's setting comes back after
         model = load_tiny()
         n = 60 if size == "smoke" else 200
-        cap = engine_capacity(model)
-        pred = predict_c16(cap, INTERACTIVE_LOAD * cap, 0, OFFLINE_OUT, 8, INTERACTIVE_OUT, offline_rate(cap))
-        m = measure_c16(model, cap, interactive=n)
+        cap = sx.engine_capacity(model)
+        pred = predict_c16(cap, sx.INTERACTIVE_LOAD * cap, 0, sx.OFFLINE_OUT, 8, sx.INTERACTIVE_OUT, sx.offline_rate(cap))
+        m = sx.measure_c16(model, cap, interactive=n)
     return judge_c16(pred, m["alone"], m["fifo"], m["priority"], m["offline_done_fifo"], m["offline_done_priority"])
 
 
 # ------------------------------------------------------------------------------- C17
-def allocated_bytes(cache: Any) -> int:
-    """Bytes of tensor storage a KV cache object holds: every tensor attribute's storage,
-    each storage counted once (views share one), read from the storages themselves."""
-    import torch
-
-    seen: dict[int, int] = {}
-    for t in vars(cache).values():
-        if isinstance(t, torch.Tensor):
-            st = t.untyped_storage()
-            seen[st.data_ptr()] = st.nbytes()
-    return sum(seen.values())
-
-
-def measure_kv_growth(model: Any, batches: Sequence[int] = (1, 4, 16), lengths: Sequence[int] = (100, 200, 400),
-                      new_tokens: int = 2, kv_dtype: str = "model") -> list[tuple[int, int, int]]:
-    """(batch, tokens per sequence, KV bytes allocated): `labkit.model.generate` of `batch`
-    prompts of `length` tokens plus `new_tokens`, the cache it allocated captured (its own
-    sizing, `kv_dtype` "model" or "int8") and its tensor storage measured (`allocated_bytes`).
-    Nothing here computes bytes from a formula: the calculator is what the judge compares with."""
-    import torch
-
-    from labkit.model.generate import generate
-
-    gen = torch.Generator().manual_seed(0)
-    rows = []
-    own = model.new_cache
-    for b in batches:
-        for t in lengths:
-            made: list[Any] = []
-
-            def capture(*a: Any, **k: Any) -> Any:  # the cache generate sizes for itself
-                made.append(own(*a, **{**k, "kv_dtype": kv_dtype}))
-                return made[-1]
-            model.new_cache = capture
-            try:
-                generate(model, torch.randint(0, model.config.vocab_size, (b, t), generator=gen),
-                         max_new_tokens=new_tokens)
-            finally:
-                del model.new_cache  # the class's method again
-            rows.append((b, t + new_tokens, sum(allocated_bytes(c) for c in made)))
-    return rows
-
 
 def linear_fit(tokens: Sequence[float], nbytes: Sequence[float]) -> dict[str, float]:
     """Least-squares bytes = slope x tokens + intercept; R^2, and the largest deviation of a
@@ -451,74 +232,16 @@ def c17_setup(size: str = "smoke") -> tuple[Prediction, dict[str, Any]]:
     return pred, {"model": model, "wl": wl, "wl8": wl8, "budget": P["engine_budget_tokens"] * per}
 
 
-def c17_measure(setup: dict[str, Any]) -> dict[str, Any]:
-    """KV growth on the engine, and peak running sequences: paged vs max-length, int8 vs model dtype."""
-    from labkit.serve import kv_bench as kb
-
-    model, budget = setup["model"], setup["budget"]
-    out: dict[str, Any] = {"growth": measure_kv_growth(model), "int8_growth": measure_kv_growth(model, kv_dtype="int8")}
-    for name, wl, kw in (("paged", setup["wl"], {"kv_reserve": "on_demand"}),
-                         ("max_len", setup["wl"], {"kv_reserve": "max_len"}),
-                         ("int8", setup["wl8"], {"kv_dtype": "int8"}), ("model", setup["wl8"], {"kv_dtype": "model"})):
-        out[name] = kb.run(model, wl, budget, **kw)["peak_running"]
-    return out
-
-
 def run_c17(size: str = "smoke", device: Any = None) -> Verdict:
     from labkit.bench.core import threads
 
     with threads(1):  # the caller's thread count comes back after
         pred, setup = c17_setup(size)
-        m = c17_measure(setup)
+        m = sx.c17_measure(setup)
     return judge_c17(pred, m["growth"], m["paged"], m["max_len"], m["int8"], m["model"], m["int8_growth"])
 
 
 # ------------------------------------------------------------------------------- C18
-def _non_identical(pairs: list[dict]) -> np.ndarray:
-    """Pairs whose prompts still differ once prepared as the semantic cache prepares them."""
-    from labkit.serve.cache import normalize_prompt
-
-    return np.array([normalize_prompt(p["a"]).lower() != normalize_prompt(p["b"]).lower() for p in pairs])
-
-
-def choose_c18(encoder: Any) -> dict[str, Any]:
-    """On data/cache_eval/pairs.jsonl only: the lowest threshold (cosine alone, or with the
-    lexical guard: whichever reuses more) from which hit precision on NON-IDENTICAL pairs
-    stays >= 99 % (threshold None if none does)."""
-    from labkit.serve import cache_bench as cb
-
-    pairs = cb.load_pairs()
-    ev, m = cb.evaluate(encoder, pairs), _non_identical(pairs)
-    best = None
-    for name, allowed in (("cosine", None), ("guarded", ev["allowed"])):
-        rows = cb.sweep(ev["scores"][m], ev["same_mask"][m], None if allowed is None else allowed[m])
-        safe = cb.safe_threshold(rows, PRECISION)
-        if safe and (best is None or safe["true_hits"] > best[1]["true_hits"]):
-            best = (name, safe)
-    out: dict[str, Any] = {"encoder": encoder.name, "variant": None, "threshold": None}
-    if best is not None:
-        out.update(variant=best[0], threshold=best[1]["threshold"], train_hit_rate=best[1]["hit_rate"])
-    return out
-
-
-def heldout_c18(encoder: Any, chosen: dict[str, Any]) -> dict[str, int]:
-    """Hits of the chosen threshold on data/cache_eval/heldout.jsonl's non-identical pairs."""
-    from labkit.serve import cache_bench as cb
-
-    held = cb.load_pairs("heldout.jsonl")
-    hv, hm = cb.evaluate(encoder, held), _non_identical(held)
-    out = {"held_same": int((hv["same_mask"] & hm).sum()), "held_true": 0, "held_false": 0}
-    if chosen["threshold"] is not None:
-        hit = (hv["scores"] >= chosen["threshold"]) & hm & (hv["allowed"] if chosen["variant"] == "guarded" else True)
-        out.update(held_true=int((hit & hv["same_mask"]).sum()), held_false=int((hit & ~hv["same_mask"]).sum()))
-    return out
-
-
-def measure_c18(encoder: Any) -> dict[str, Any]:
-    """`choose_c18` then `heldout_c18`, in one dict."""
-    chosen = choose_c18(encoder)
-    return {**chosen, **heldout_c18(encoder, chosen)}
-
 
 def predict_c18(m: dict[str, Any]) -> Prediction:
     """The threshold chosen on the labelled pairs (before the held-out pairs are scored)."""
@@ -530,63 +253,6 @@ def predict_c18(m: dict[str, Any]) -> Prediction:
                                 "a trace with repeats it should answer about that share of them without a model "
                                 "call, cutting the mean latency, and serve no wrong answer",
                          threshold=(m["threshold"], ""), **{"labelled hit rate": (100 * m["train_hit_rate"], "%")})
-
-
-def c18_trace(pairs: Sequence[dict], seed: int = 0) -> list[tuple[str, int, str]]:
-    """A request trace with repeats: the first prompt of every pair (shuffled), then every
-    second prompt (shuffled). (prompt, pair index, "first" | "second"); a "second" of a
-    same-meaning pair repeats earlier work, one of a different-meaning pair does not."""
-    rng = np.random.default_rng(seed)
-    firsts = [(p["a"], i, "first") for i, p in enumerate(pairs)]
-    seconds = [(p["b"], i, "second") for i, p in enumerate(pairs)]
-    return [firsts[j] for j in rng.permutation(len(firsts))] + [seconds[j] for j in rng.permutation(len(seconds))]
-
-
-def measure_c18_trace(encoder: Any, chosen: dict[str, Any], model: Any, tokenizer: Any, pairs: Sequence[dict],
-                      max_new_tokens: int = 16, seed: int = 0) -> dict[str, Any]:
-    """`c18_trace(pairs)` served twice, request by request interleaved (a neighbour's burst hits
-    both alike): every request through the model (`generate`, greedy, `max_new_tokens`), and
-    through the semantic cache at the chosen threshold (model only on a miss). Counts model
-    calls, times each request (s), and scores each hit: right only when it reuses the answer
-    of the same prompt asked before, or of a same-meaning pair's first prompt."""
-    import time as _time
-
-    from labkit.model.generate import generate
-    from labkit.serve.cache import SemanticCache, normalize_prompt
-
-    if chosen["threshold"] is None:
-        raise ValueError("no threshold was chosen (choose_c18 found none): nothing to serve with")
-    cache = SemanticCache(encoder, chosen["threshold"], guard=chosen["variant"] == "guarded")
-    params = {"temperature": 0, "max_tokens": max_new_tokens}
-
-    def answer(prompt: str) -> str:
-        return tokenizer.decode(generate(model, [tokenizer.encode(prompt)], max_new_tokens=max_new_tokens)[0])
-
-    answer("warm-up")
-    cache.lookup("warm-up", "warm-up", params)
-    trace = c18_trace(pairs, seed)
-    base_s, cached_s, calls, right, wrong, repeats = [], [], 0, 0, 0, 0
-    asked: set[str] = set()
-    for prompt, i, role in trace:
-        norm = normalize_prompt(prompt)
-        same_as_a = role == "second" and pairs[i]["label"] == "same"
-        # a repeat: the same meaning was asked before (the same prompt, or a same-meaning pair's second)
-        repeats += norm.lower() in asked or same_as_a
-        asked.add(norm.lower())
-        t0 = _time.perf_counter()
-        answer(prompt)
-        base_s.append(_time.perf_counter() - t0)
-        t0 = _time.perf_counter()
-        hit = cache.lookup("ledger", prompt, params)
-        if hit is None:
-            cache.put("ledger", prompt, params, answer(prompt))
-            calls += 1
-        cached_s.append(_time.perf_counter() - t0)
-        if hit is not None:
-            ok = hit.prompt.lower() == norm.lower() or (same_as_a and hit.prompt == normalize_prompt(pairs[i]["a"]))
-            right, wrong = right + ok, wrong + (not ok)
-    return {"requests": len(trace), "repeats": repeats, "model_calls": calls, "right_hits": right,
-            "wrong_hits": wrong, "base_mean_s": float(np.mean(base_s)), "cached_mean_s": float(np.mean(cached_s))}
 
 
 # C18: "removes repeated work": the cache answers >= REMOVE of the trace's repeats, and the
@@ -641,28 +307,12 @@ def judge_c18(prediction: Prediction, threshold: float | None, held_true: int, h
                   evidence=ev, tolerance=tol)
 
 
-def trace_c18(encoder: Any, chosen: dict[str, Any], size: str = "smoke", model: Any = None) -> dict[str, Any] | None:
-    """`measure_c18_trace` on the held-out pairs with the trained tiny model (one torch thread;
-    48 new tokens per answer, the mean output of chapter 6's chat traffic; full: 128);
-    None when no threshold was chosen."""
-    from labkit.bench.core import threads
-    from labkit.model import load_tiny
-    from labkit.serve import cache_bench as cb
-    from labkit.tokenizer import load_tokenizer
-
-    if chosen["threshold"] is None:
-        return None
-    with threads(1):
-        return measure_c18_trace(encoder, chosen, model or load_tiny(), load_tokenizer(),
-                                 cb.load_pairs("heldout.jsonl"), max_new_tokens=48 if size == "smoke" else 128)
-
-
 def run_c18(size: str = "smoke", device: Any = None) -> Verdict:
     from labkit.serve.embed import load_encoder
 
     enc = load_encoder("auto", "cpu")
-    chosen = choose_c18(enc)
+    chosen = sx.choose_c18(enc, PRECISION)
     pred = predict_c18(chosen)
-    m = heldout_c18(enc, chosen)
+    m = sx.heldout_c18(enc, chosen)
     return judge_c18(pred, chosen["threshold"], m["held_true"], m["held_false"], m["held_same"],
-                     trace_c18(enc, chosen, size))
+                     sx.trace_c18(enc, chosen, size))

@@ -2,7 +2,7 @@
 
 Both run on the real server (`labkit serve` + the load generator) in notebook 08 and in
 `labkit ledger` at every size. The simulator whose step costs were fitted on this machine
-(`labkit.ledger.ch5.calibrated_cost`) only predicts; where the server cannot start, its
+(`labkit.loadgen.experiments.calibrated_cost`) only predicts; where the server cannot start, its
 numbers are judged and the verdict says "inconclusive (simulated)", never "holds".
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+from labkit.loadgen import experiments as lx
 from labkit.ledger.verdict import Prediction, Verdict, decide, inconclusive, settle, simulated
 from labkit.sim.sweep import first_past
 
@@ -132,68 +133,26 @@ def judge_c20(prediction: Prediction, rows: Sequence[dict[str, Any]], axis: str 
 
 
 # ------------------------------------------------------------------------------- runs
-def _sim_server(max_batch: int = 16) -> Any:
-    """The simulated twin of the chapter's server (tiny preset, `labkit serve` defaults)."""
-    from labkit.loadgen import experiments as lx
-
-    return lx.twin(lx.server_config("continuous"))
-
-
-def sim_capacity(cost: Any, server: Any, prompt: float, output: float) -> float:
-    """Requests/s a full batch sustains on the cost model: each of `max_batch` slots turns
-    over once per `output` decode steps at full batch, plus one prefill of `prompt` tokens."""
-    b = server.max_batch
-    step = cost.step_time(b, 0, int(b * (prompt + output / 2)))
-    return b / (output * step + b * cost.step_time(0, int(prompt), int(prompt)))
-
-
-def c19_real(specs: Sequence[Any], device: str = "cpu") -> dict[str, float]:
-    """Mean / p50 / p99 E2E change (fractions) on the real server: `specs` against a fresh
-    `labkit serve` without a cache, then with the exact result cache."""
-    from labkit.loadgen import experiments as lx
-
-    with lx.serve("continuous", device=device) as srv:
-        base = lx.measure(srv.url, specs)
-    with lx.serve("continuous", cache="exact", device=device) as srv:
-        opt = lx.measure(srv.url, specs)
-    return lx.change(lx.e2e_of(base), lx.e2e_of(opt))
-
 
 def run_c19(size: str = "smoke", device: Any = None) -> Verdict:
     """The real server at every size (no cache vs exact result cache; smoke: the preset's
     requests x 2, ~20 s a run). If the server cannot start here, the calibrated twin's numbers
     are judged and the verdict is labelled simulated (inconclusive)."""
     from labkit import presets
-    from labkit.ledger import ch5
-    from labkit.loadgen import experiments as lx
 
     P = presets.sizes("serving", size)
     mix = lx.TailMix()
     specs = mix.specs(P["c19_requests"] * (2 if size == "smoke" else 1), P["c19_rate"], 0)
-    cost = ch5.calibrated_cost()
-    twin_pred = lx.predict_cache_effect(specs, _sim_server(), cost)
+    cost = lx.calibrated_cost()
+    twin_pred = lx.predict_cache_effect(specs, lx.sim_server(), cost)
     pred = predict_c19(mix.tail_share, mix.repeat_share, mix.typical_output, mix.tail_output, twin_pred)
     try:
-        ch = c19_real(specs, getattr(device, "type", "cpu"))
+        ch = lx.c19_real(specs, getattr(device, "type", "cpu"))
     except (RuntimeError, TimeoutError, OSError) as exc:
         return simulated(judge_c19(pred, twin_pred["mean"], twin_pred["p99"], twin_pred["p50"], n=len(specs)),
                          f"the twin calibrated on this machine's step costs; the real server did not start: "
                          f"{type(exc).__name__}")
     return judge_c19(pred, ch["mean"], ch["p99"], ch["p50"], n=len(specs))
-
-
-def c20_real(P: dict[str, Any], device: str = "cpu") -> list[dict[str, Any]]:
-    """A closed-loop concurrency sweep of the real server at the preset's users (rows of
-    `labkit.loadgen.sweep.run_sweep`)."""
-    from labkit.loadgen import arrivals, sweep
-    from labkit.loadgen import experiments as lx
-
-    with lx.serve("continuous", device=device) as srv:
-        return sweep.run_sweep(srv.url, "concurrency", P["sweep_users"],
-                               lambda c: arrivals.closed_loop(max(P["sweep_min"], int(c) * P["sweep_rounds"]),
-                                                              prompt_len=P["sweep_len"], output_len=P["sweep_len"],
-                                                              seed=0),
-                               max_duration_s=P["sweep_s"], warmup=1)
 
 
 def run_c20(size: str = "smoke", device: Any = None) -> Verdict:
@@ -203,17 +162,15 @@ def run_c20(size: str = "smoke", device: Any = None) -> Verdict:
     import numpy as np
 
     from labkit import presets
-    from labkit.ledger import ch5
-    from labkit.loadgen import experiments as lx
 
-    cost, twin = ch5.calibrated_cost(), _sim_server()
+    cost, twin = lx.calibrated_cost(), lx.sim_server()
     P = presets.sizes("serving", size)
-    cap = sim_capacity(cost, twin, P["sweep_len"], P["sweep_len"])  # the sweep's own requests
+    cap = lx.sim_capacity(cost, twin, P["sweep_len"], P["sweep_len"])  # the sweep's own requests
     pred = predict_c20(cap, "concurrency", P["sweep_users"], "the calibrated cost model")
     try:
-        rows = c20_real(P, getattr(device, "type", "cpu"))
+        rows = lx.c20_real(P, getattr(device, "type", "cpu"))
     except (RuntimeError, TimeoutError, OSError) as exc:
-        cap = sim_capacity(cost, twin, lx.CHAT_PROMPT["mean"], lx.CHAT_OUTPUT["mean"])
+        cap = lx.sim_capacity(cost, twin, lx.CHAT_PROMPT["mean"], lx.CHAT_OUTPUT["mean"])
         rates = list(np.geomspace(0.1, 3.0, 9) * cap)
         sim_pred = predict_c20(cap, "rate", rates, "the calibrated cost model")
         return simulated(judge_c20(sim_pred, lx.sim_rate_sweep(cost, twin, rates, 600, 0), "rate"),

@@ -9,6 +9,7 @@ model fitted to the engine's real step times on this machine (`calibrate_cost`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -18,6 +19,7 @@ from labkit.loadgen import arrivals, fidelity
 from labkit.loadgen.arrivals import RequestSpec
 from labkit.loadgen.client import LoadResult, run_load
 from labkit.loadgen.fidelity import SimServer
+from labkit.loadgen.sweep import run_sweep
 from labkit.sim import calibrate, metrics
 from labkit.sim.cost import LinearCost
 from labkit.sim.workload import arrivals as arrival_times
@@ -334,3 +336,83 @@ def change(before: Sequence[float], after: Sequence[float]) -> dict[str, float]:
 def e2e_of(res: LoadResult) -> np.ndarray:
     """E2E (s) of the completed measured requests of a run."""
     return np.array([r.e2e_s for r in res.measured if r.ok])
+
+
+@functools.lru_cache(maxsize=None)
+def calibrated_cost() -> Any:
+    """A `LinearCost` fitted now to the tiny decoder's step times on this machine (CPU, smoke
+    sweep: seconds); cached for the process so every claim uses one calibration."""
+    return calibrate.calibrate(rows=calibrate.measure_decoder(batches=(1, 8), contexts=(64,), prompts=(32, 128),
+                                                              repeat=3))
+
+
+def short_e2e(e2e: np.ndarray, output: np.ndarray, quantile: float = 25) -> float:
+    """Mean E2E (s) of the requests whose output is in the shortest `quantile` %."""
+    mask = output <= np.percentile(output, quantile)
+    return float(np.nanmean(e2e[mask]))
+
+
+def sim_static_vs_continuous(cost: Any, n: int = 600, load: float = 0.7, seed: int = 0) -> dict[str, Any]:
+    """The chat trace at `load` x the cost model's capacity through the twin, static vs continuous."""
+    twin = sim_server()
+    rate = load * sim_capacity(cost, twin, CHAT_PROMPT["mean"], CHAT_OUTPUT["mean"])
+    wl = arrivals.to_workload(chat_specs(n, rate, seed))
+    out: dict[str, Any] = {"rate": rate}
+    for pol in ("static", "continuous"):
+        res = dataclasses.replace(twin, policy=pol).run(wl, cost)
+        out[pol] = metrics.summary(res)
+        out[f"short_{pol}"] = short_e2e(metrics.per_request(res)["e2e"], wl.output)
+    return out
+
+
+def c15_server(n: int, seed: int = 0, device: str = "cpu", load: float = 0.6) -> dict[str, Any]:
+    """Static vs continuous batching on the real server (`labkit serve`, tiny preset): static's
+    capacity measured first (a burst of `n` // 2 chat requests at once: completions per s),
+    then one open-loop chat trace of `n` requests at `load` x that capacity against a fresh
+    server per policy. Summaries ("throughput_rps", "e2e" {"p99"}) and the shortest quarter's
+    mean E2E (s) per policy, and the rate."""
+    out: dict[str, Any] = {}
+    with serve("static", device=device) as srv:
+        burst = measure(srv.url, chat_specs(max(8, n // 2), 1e6, seed + 1), warmup=1)
+        out["static_capacity"] = burst.summary()["throughput_rps"]
+        out["rate"] = load * out["static_capacity"]
+        specs = chat_specs(n, out["rate"], seed)
+        res = measure(srv.url, specs)
+        out["static"], out["short_static"] = res.summary(), short_request_e2e(res)
+    with serve("continuous", device=device) as srv:
+        res = measure(srv.url, specs)
+        out["continuous"], out["short_continuous"] = res.summary(), short_request_e2e(res)
+    return out
+
+
+def sim_server(max_batch: int = 16) -> Any:
+    """The simulated twin of the chapter's server (tiny preset, `labkit serve` defaults)."""
+    return twin(server_config("continuous"))
+
+
+def sim_capacity(cost: Any, server: Any, prompt: float, output: float) -> float:
+    """Requests/s a full batch sustains on the cost model: each of `max_batch` slots turns
+    over once per `output` decode steps at full batch, plus one prefill of `prompt` tokens."""
+    b = server.max_batch
+    step = cost.step_time(b, 0, int(b * (prompt + output / 2)))
+    return b / (output * step + b * cost.step_time(0, int(prompt), int(prompt)))
+
+
+def c19_real(specs: Sequence[Any], device: str = "cpu") -> dict[str, float]:
+    """Mean / p50 / p99 E2E change (fractions) on the real server: `specs` against a fresh
+    `labkit serve` without a cache, then with the exact result cache."""
+    with serve("continuous", device=device) as srv:
+        base = measure(srv.url, specs)
+    with serve("continuous", cache="exact", device=device) as srv:
+        opt = measure(srv.url, specs)
+    return change(e2e_of(base), e2e_of(opt))
+
+
+def c20_real(P: dict[str, Any], device: str = "cpu") -> list[dict[str, Any]]:
+    """A closed-loop concurrency sweep of the real server at the preset's users (rows of
+    `labkit.loadgen.sweep.run_sweep`)."""
+    with serve("continuous", device=device) as srv:
+        return run_sweep(srv.url, "concurrency", P["sweep_users"],
+                         lambda c: arrivals.closed_loop(max(P["sweep_min"], int(c) * P["sweep_rounds"]),
+                                                        prompt_len=P["sweep_len"], output_len=P["sweep_len"], seed=0),
+                         max_duration_s=P["sweep_s"], warmup=1)
