@@ -4,13 +4,13 @@ Every bench takes ``--quick`` (smoke sizes), ``--json PATH`` (write its figures)
 ``--device`` (auto | cpu | cuda | mps, as far as the bench supports it) and ``--threads N``
 (torch intra-op threads), and ends with exactly one line::
 
-    SUMMARY labkit.quant.bench: int8 weight-only +0.4% ppl; C10 int8 1.9x ... [123 s]
+    SUMMARY labkit.benches.quant: int8 weight-only +0.4% ppl; C10 int8 1.9x ... [123 s]
 
 A bench builds its parser with `parser()`, adds its own flags, and runs its body inside
 `session()`, which applies --threads, resolves --device, times the run, prints the
 summary line and writes the JSON record::
 
-    {"bench": "labkit.quant.bench", "fingerprint": {...labkit.bench.fingerprint...},
+    {"bench": "labkit.benches.quant", "fingerprint": {...labkit.bench.fingerprint...},
      "args": {...}, "seconds": 123.4, "rc": 0, "summary": "...", "results": {...}}
 
 `labkit bench all` (see `run_all`) runs every bench in BENCHES in its own process and
@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 # Every bench module, in the order `labkit bench all` runs them (cheap ones first).
-BENCHES = ("labkit.sim.bench", "labkit.model.bench", "labkit.fusion.bench", "labkit.quant.bench",
-           "labkit.prune.bench", "labkit.distill.bench", "labkit.serve.kv_bench", "labkit.serve.cache_bench",
-           "labkit.serve.overhead_bench", "labkit.loadgen.bench", "labkit.loadgen.case_bench")
+BENCHES = ("labkit.sim.bench", "labkit.model.bench", "labkit.benches.fusion", "labkit.benches.quant",
+           "labkit.benches.prune", "labkit.benches.distill", "labkit.benches.kv", "labkit.benches.cache",
+           "labkit.benches.overhead", "labkit.loadgen.bench", "labkit.loadgen.case_bench")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 SUMMARY_PREFIX = "SUMMARY "
 SUMMARY_RE = re.compile(r"^SUMMARY (?P<bench>\S+): (?P<text>.*) \[(?P<seconds>\d+) s\]$")
@@ -203,7 +203,7 @@ def parse_summary(output: str) -> dict[str, Any] | None:
 def run_all(*, quick: bool, device: str = "auto", threads: int | None = None, only: list[str] | None = None,
             timeout_s: float | None = None, say: Callable[[str], None] = print,
             python: str = sys.executable) -> dict[str, Any]:
-    """Run each bench module (`only`: names like "sim" or "serve.kv_bench"; default all of
+    """Run each bench module (`only`: names like "sim" or "kv"; default all of
     BENCHES) in its own process with the shared flags; return one machine record:
     {"fingerprint", "size", "benches": [per-bench record, ...]} (see data/results/README.md).
 
@@ -250,11 +250,11 @@ def machine_slug(fp: dict[str, Any]) -> str:
 
 
 def select(only: list[str] | None) -> list[str]:
-    """Bench modules named by `only` ("sim", "model", "serve.kv_bench", or a full module
+    """Bench modules named by `only` ("sim", "model", "kv", or a full module
     name); all of BENCHES for None. Raises ValueError naming the allowed names."""
     if not only:
         return list(BENCHES)
-    short = {m.removeprefix("labkit.").removesuffix(".bench"): m for m in BENCHES}
+    short = {m.removeprefix("labkit.").removeprefix("benches.").removesuffix(".bench"): m for m in BENCHES}
     picked = []
     for name in only:
         mod = short.get(name) or (name if name in BENCHES else None)

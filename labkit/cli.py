@@ -42,7 +42,7 @@ def _ledger(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from labkit.bench import cli as bench_cli
+    from labkit.benches import cli as bench_cli
 
     return bench_cli.main(args)
 
@@ -77,7 +77,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="JSON path (default build/bench/<device>-<threads>t.json; "
                                                "bench all: build/bench/all-<machine>.json)")
     p.add_argument("--machine", default=None, help="bench all: also save data/results/<machine>/benches.json")
-    p.add_argument("--only", nargs="*", default=None, help="bench all: only these, e.g. sim model serve.kv_bench")
+    p.add_argument("--only", nargs="*", default=None, help="bench all: only these, e.g. sim model kv")
     p.add_argument("--timeout", type=float, default=None, help="bench all: seconds per bench before it is cut")
     p.add_argument("--check", action="store_true", help="only compare labkit with numpy / torch.matmul")
     p.set_defaults(func=_bench)

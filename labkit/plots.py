@@ -3,7 +3,7 @@
 Each chapter's own plots live next to the code that produces the numbers:
 `labkit.bench.plots` (STREAM / GEMM sweeps), `labkit.sim.plots`, `labkit.loadgen.plots`,
 `labkit.fusion.plots`, `labkit.prune.plots`, `labkit.distill.plots`, and
-`labkit.serve.cache_bench.threshold_sweep`.
+`labkit.serve.cache_eval.threshold_sweep`.
 """
 
 from __future__ import annotations

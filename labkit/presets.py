@@ -57,7 +57,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
                  "nocache_prompt": 32, "nocache_tokens": 512, "requests": 8, "max_new_tokens": 64,
                  "n_docs": None},
     },
-    # 03_fusion / `python -m labkit.fusion.bench`: TinyOps puzzle, elementwise chains of
+    # 03_fusion / `python -m labkit.benches.fusion`: TinyOps puzzle, elementwise chains of
     # chain_numel fp32 elements (the bench uses >= 16 M), Conv+BN block, decode step eager
     # vs compiled (compiled only at compile_batches: ~20-45 s each cold on 2 CPU cores;
     # decode_threads=1 on CPU, see DecodeBench.run), peak memory of `mem_model`
@@ -180,7 +180,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "full": {"requests": 300, "unloaded_requests": 40, "capacity_requests": 160, "profile_s": 20.0,
                  "overload": 1.5, "burst": 3},
     },
-    # labkit.serve.overhead_bench: closed-loop users (= the server's max batch), requests per run,
+    # labkit.benches.overhead: closed-loop users (= the server's max batch), requests per run,
     # prompt words and output tokens per request, interleaved rounds of the three ways.
     "serve_overhead": {
         "smoke": {"batch": 16, "requests": 32, "prompt": 32, "output": 64, "rounds": 2},

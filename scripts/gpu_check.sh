@@ -26,11 +26,11 @@ nvidia-smi -L | tee "$OUT/nvidia-smi.txt" || echo "no nvidia-smi: not a GPU mach
 
 step doctor      60 "$PY" -c "from labkit import device; print(device.describe().report())"
 step bench      240 "$PY" -m labkit bench --device cuda --out "$OUT/bench.json"
-step bench_check 60 "$PY" -m labkit.bench.check
+step bench_check 60 "$PY" -m labkit.benches.check
 step model_bench 300 "$PY" -m labkit.model.bench --device cuda --dtype bf16 --presets tiny,1b \
   --compile --compile-presets 1b --json "$OUT/model_bench.json"
 step sim_bench   60 "$PY" -m labkit.sim.bench
-step sparse24    60 "$PY" -m labkit.prune.bench --gemm24-only
+step sparse24    60 "$PY" -m labkit.benches.prune --gemm24-only
 # The case study runs its server on the CPU: a many-core box shows what the lock costs when the fixed
 # service has cores to spare (on 2 cores the fixed service queues too).
 step case_bench 480 "$PY" -m labkit.loadgen.case_bench --json "$OUT/case_bench.json"

@@ -129,7 +129,7 @@ def test_under_telemetry_reports_rates_and_a_trace():
 
 
 def test_check_sizes_the_triad_from_the_cache_and_caps_it_by_memory():
-    from labkit.bench import check
+    from labkit.benches import check
 
     mib = 2**20
     assert check.triad_elements(32 * mib, 8.0, memory_bytes=64 * 2**30) == 8 * 32 * mib // 24  # 8 x LLC
@@ -141,7 +141,7 @@ def test_check_sizes_the_triad_from_the_cache_and_caps_it_by_memory():
 
 
 def test_check_compares_like_with_like_in_back_to_back_pairs():
-    from labkit.bench import check
+    from labkit.benches import check
 
     assert check.paired_ratio([2.0, 3.0, 100.0], [1.0, 1.0, 1.0]) == 3.0  # the median pair, not the noisy one
     with pytest.raises(ValueError, match="equal"):
@@ -154,9 +154,9 @@ def test_check_compares_like_with_like_in_back_to_back_pairs():
 
 
 # ------------------------------------------------------------------ one bench convention
-BENCH_MODULES = ["labkit.sim.bench", "labkit.model.bench", "labkit.fusion.bench", "labkit.quant.bench",
-                 "labkit.prune.bench", "labkit.distill.bench", "labkit.serve.kv_bench", "labkit.serve.cache_bench",
-                 "labkit.serve.overhead_bench",
+BENCH_MODULES = ["labkit.sim.bench", "labkit.model.bench", "labkit.benches.fusion", "labkit.benches.quant",
+                 "labkit.benches.prune", "labkit.benches.distill", "labkit.benches.kv", "labkit.benches.cache",
+                 "labkit.benches.overhead",
                  "labkit.loadgen.bench", "labkit.loadgen.case_bench"]
 
 
@@ -167,6 +167,8 @@ def test_every_bench_is_listed_once():
 
     root = Path(benchkit.__file__).parent
     found = {f"labkit.{p.parent.name}.{p.stem}" for p in root.glob("*/*bench.py")}
+    found |= {f"labkit.benches.{p.stem}" for p in (root / "benches").glob("*.py")
+              if p.stem not in ("__init__", "cli", "check", "kit")}  # the programs' glue, not benches
     assert found == set(BENCH_MODULES) == set(benchkit.BENCHES) and len(benchkit.BENCHES) == len(BENCH_MODULES)
 
 
@@ -241,7 +243,7 @@ def test_a_failing_bench_still_ends_with_its_summary_line(tmp_path, capsys):
 def test_bench_all_selection_and_parser():
     from labkit import benchkit, cli
 
-    assert benchkit.select(["sim", "serve.kv_bench"]) == ["labkit.sim.bench", "labkit.serve.kv_bench"]
+    assert benchkit.select(["sim", "kv"]) == ["labkit.sim.bench", "labkit.benches.kv"]
     assert benchkit.select(None) == list(benchkit.BENCHES)
     with pytest.raises(ValueError, match="unknown bench 'gpu'.*sim"):
         benchkit.select(["gpu"])

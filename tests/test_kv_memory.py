@@ -142,7 +142,7 @@ def test_engine_pool_bytes_match_the_calculator(tiny):
 
 def test_paged_vs_max_len_reservation_on_the_engine(tiny):
     """Seeded and greedy, so the engine's schedule (and every count below) is deterministic."""
-    from labkit.serve import kv_bench as kb
+    from labkit.serve import kv_capacity as kb
 
     wl = kb.mixed_workload(24, 8, 8, 64, seed=1)
     budget = 128 * kv_bytes_per_token(tiny.config, tiny.dtype)

@@ -1,7 +1,7 @@
-"""labkit.serve.overhead_bench: the in-process engine runs a closed-loop trace to the end, and
+"""labkit.benches.overhead: the in-process engine runs a closed-loop trace to the end, and
 every request gets exactly the tokens it asked for."""
 
-from labkit.serve import overhead_bench as ob
+from labkit.benches import overhead as ob
 
 
 def test_alone_runs_every_request_of_the_trace_in_closed_loop():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from labkit.serve import cache_bench as cb
+from labkit.serve import cache_eval as cb
 from labkit.serve import embed, guard
 from labkit.serve.cache import (DEFAULT_THRESHOLDS, ExactCache, SemanticCache, is_deterministic, make_cache,
                                 normalize_prompt, params_key)

@@ -14,7 +14,7 @@ def _bench_all(read_Bps):
     return {"fingerprint": FP, "size": "smoke", "benches": [
         {"bench": "labkit.model.bench", "rc": 0, "results": {"bandwidth": {"read": read_Bps, "copy": 1e9}}},
         {"bench": "labkit.sim.bench", "rc": 0, "results": {"sweep": []}},
-        {"bench": "labkit.quant.bench", "rc": 1, "results": None}]}
+        {"bench": "labkit.benches.quant", "rc": 1, "results": None}]}
 
 
 def _write(path, payload):

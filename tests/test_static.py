@@ -1,7 +1,7 @@
 """The kept linter passes on labkit, scripts and tests.
 
 ruff's pyflakes rules (F) catch, without running anything, the NameError that `labkit bench all`
-hit at run time in labkit.quant.bench (``format_rows`` used, never imported): a path no unit test
+hit at run time in labkit.benches.quant (``format_rows`` used, never imported): a path no unit test
 executes. The rule set and the pinned version live in pyproject.toml (`[tool.ruff]`, test extra)."""
 
 from __future__ import annotations

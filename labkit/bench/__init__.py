@@ -5,7 +5,7 @@
 * `core` - `Result` rows, `Report` (JSON per machine with a fingerprint), `run_kernel`;
 * `suites` - the sweeps `labkit bench` runs;
 * `experiments` - the C3 (threads) and C5 (telemetry) experiments of chapter 2;
-* `check` - labkit vs plain numpy / torch.matmul (``python -m labkit.bench.check``);
+* (labkit vs plain numpy / torch.matmul: ``python -m labkit.benches.check``);
 * `dtypes` - per-phase dtype picked by measuring GEMM (prefill) and GEMV (decode) ceilings.
 """
 

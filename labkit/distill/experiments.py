@@ -1,5 +1,5 @@
 """Chapter 4.2's distillation measurements as functions returning plain rows (dicts),
-shared by notebook 05 and ``python -m labkit.distill.bench``. Every number is measured
+shared by notebook 05 and ``python -m labkit.benches.distill``. Every number is measured
 when called, except the teacher's own pre-training cost, read from the checkpoint's
 config.json (written by ``python -m labkit.train`` when it trained that checkpoint)."""
 

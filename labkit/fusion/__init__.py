@@ -9,7 +9,7 @@
 * `memory`: peak memory per autograd mode, fresh vs reused buffers (C9).
 * `decode`: the decoder's decode step eager vs compiled vs CUDA graphs (C6, C7).
 
-``python -m labkit.fusion.bench`` prints the chapter's acceptance figures.
+``python -m labkit.benches.fusion`` prints the chapter's acceptance figures.
 """
 
 from labkit.fusion.count import GraphNodes, OpCount, compile_counted, compile_profiled, count_ops, graph_nodes

@@ -5,12 +5,18 @@ predicts and judges; these functions only measure).
   `decode_step` / `count_step_ops` / `measure_c6_step` (one decode step of a model: its ops and
   its time), `measure_c6` (the TinyOps chain notebook 03 shows);
 * C7: `measure_c7`, eager vs ``torch.compile``d elementwise chains;
-* C8: `measure_c8`, a ConvBNReLU block unfolded vs folded + fused.
+* C8: `measure_c8`, a ConvBNReLU block unfolded vs folded + fused;
+* the sections of ``python -m labkit.benches.fusion``: `tiny_ops_share` (C6), `chains` (C7),
+  `decode_steps` (the decoder's decode step eager vs compiled), `forward_memory` (C9).
 """
 
 from __future__ import annotations
 
 from typing import Any, Sequence
+
+import torch
+
+from labkit.fusion import count, decode, elementwise, memory, overhead
 
 
 # Widths (elements) of the op the fixed cost is fitted over: from nearly no work to enough
@@ -147,3 +153,63 @@ def measure_c8(batch: int = 8, channels: int = 32, hw: int = 56, inputs: int = 3
                (("unfolded", block), ("folded", fused))}
     return {"max_rel_error": worst, "unfolded_ops": ops["unfolded"], "folded_ops": ops["folded"],
             "fused_act": fused_act}
+
+
+def tiny_ops_share(n_ops: int, dev: torch.device) -> dict[str, Any]:
+    """C6: a TinyOps(n_ops) forward: counted ops, measured time, per-op overhead, share."""
+    from labkit.timing import measure
+
+    model, x = overhead.TinyOps(n_ops).to(dev), torch.ones(16, device=dev)
+    with torch.inference_mode():
+        ops = count.count_ops(lambda: model(x), device=dev).ops
+        t = measure(lambda: model(x), warmup=2, repeat=10, device=dev).median
+    per_op = overhead.per_op_overhead_s(dev)
+    s = overhead.OverheadShare(ops, per_op, t)
+    return {"ops": ops, "measured_s": t, "per_op_s": per_op, "predicted_s": s.predicted_s, "share": s.share}
+
+
+def chains(numel: int, dev: torch.device, repeat: int, triton_numel: int) -> dict[str, Any]:
+    """C7 on memory-bound chains: every version's time, modelled bytes/s, kernels and error,
+    the measured read/copy bandwidth, graph nodes, and the Triton check (interpreted on CPU)."""
+    from labkit.bench import read_copy_bandwidth
+
+    # a fixed 256 MiB, far beyond any cache, whatever the chain size
+    bw = read_copy_bandwidth(dev, nbytes=256 * 2**20, repeat=3)
+    ok, why = elementwise.triton_available(dev)
+    out: dict[str, Any] = {"bandwidth": bw, "numel": numel, "triton": why if ok else f"skipped: {why}"}
+    for chain in elementwise.CHAINS:
+        rows = elementwise.run_chain(chain, numel, device=dev, repeat=repeat,
+                                     with_triton=ok and dev.type == "cuda")
+        small = elementwise.make_inputs(chain, 4096, width=256, device=dev)
+        nodes = count.graph_nodes(elementwise.REFERENCES[chain], *small, device=dev)
+        entry: dict[str, Any] = {"rows": rows, "graph_nodes": nodes}
+        if ok:
+            args = elementwise.make_inputs(chain, triton_numel, width=96, device=dev)
+            entry["triton_error"] = elementwise.max_abs_error(elementwise.TRITON[chain](*args),
+                                                              elementwise.REFERENCES[chain](*args))
+        out[chain] = entry
+    return out
+
+
+def decode_steps(p: dict[str, Any], dev: torch.device) -> list[decode.DecodeResult]:
+    """C6/C7 on the decoder: decode step eager at `decode_batches`, compiled at
+    `compile_batches` (and CUDA graphs on a GPU)."""
+    from labkit.model import Transformer, load_tiny
+
+    name = p["decode_model"]
+    model = (load_tiny() if name == "tiny" else Transformer.from_preset(name)).to(dev)
+    bench = decode.DecodeBench(model, context=p["decode_context"], max_len=p["decode_context"] + 64)
+    kw = {"repeat": p["decode_repeat"], "threads": p["decode_threads"] if dev.type == "cpu" else None}
+    rows = bench.run("eager", p["decode_batches"], **kw)
+    rows += bench.run("compiled", p["compile_batches"], **kw)
+    if dev.type == "cuda":
+        rows += bench.run("cuda_graph", p["compile_batches"], **kw)
+    return rows
+
+
+def forward_memory(p: dict[str, Any], dev: torch.device) -> memory.ForwardPeak:
+    """C9: peak memory of one forward of `mem_model` per autograd mode."""
+    from labkit.model import Transformer
+
+    model = Transformer.from_preset(p["mem_model"], **p["mem_overrides"]).to(dev)
+    return memory.forward_peaks(model, p["mem_batch"], p["mem_seq"])

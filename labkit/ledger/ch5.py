@@ -220,7 +220,7 @@ def c17_setup(size: str = "smoke") -> tuple[Prediction, dict[str, Any]]:
     from labkit import presets
     from labkit.model import load_tiny
     from labkit.model.kv_memory import kv_bytes_per_token
-    from labkit.serve import kv_bench as kb
+    from labkit.serve import kv_capacity as kb
 
     P = presets.sizes("kv_cache", size)
     model = load_tiny()

@@ -1,5 +1,5 @@
 """Chapter 4.2's pruning measurements as functions returning plain rows (dicts), shared by
-notebook 05 and ``python -m labkit.prune.bench``. Every number is measured when called.
+notebook 05 and ``python -m labkit.benches.prune``. Every number is measured when called.
 
 C12 (unstructured sparsity gives no speed-up on dense hardware; structured pruning does)
 is measured three ways: one large matmul, a sparsity sweep to find where CSR starts to

@@ -1,5 +1,5 @@
 """The chapter's measurements as functions returning plain rows (dicts), shared by the
-notebook and ``python -m labkit.quant.bench``. Every number is measured when called."""
+notebook and ``python -m labkit.benches.quant``. Every number is measured when called."""
 
 from __future__ import annotations
 

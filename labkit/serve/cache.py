@@ -14,7 +14,7 @@ bound is refused, never truncated. Expired entries are dropped when touched or e
   word) does not veto. Cosine alone is not safe at any threshold below identity on
   data/cache_eval (negations and swapped entities score 0.95-1.0); see notebook 07.
   Search is brute force over a numpy matrix per (tenant, parameters) partition: exact,
-  N·d multiply-adds per lookup (``python -m labkit.serve.cache_bench`` times it). A real
+  N·d multiply-adds per lookup (``python -m labkit.benches.cache`` times it). A real
   vector store (FAISS/HNSW, or a service such as pgvector, Qdrant, Redis) takes over when
   a partition outgrows ~10^4-10^5 entries (lookups reach milliseconds; approximate search
   stays sub-millisecond) or when several server replicas must share one cache.
@@ -49,7 +49,7 @@ CACHE_KINDS = ("exact", "semantic")
 IGNORED_PARAMS = frozenset({"prompt", "stream", "stream_options", "user"})
 OPENAI_DEFAULT_TEMPERATURE = 1.0
 # Lowest cosine from which hit precision stays >= 99% on data/cache_eval/pairs.jsonl with the lexical
-# guard on (python -m labkit.serve.cache_bench); tests/test_result_cache.py re-checks them. On the
+# guard on (python -m labkit.benches.cache); tests/test_result_cache.py re-checks them. On the
 # held-out pairs the MiniLM value stays below 99% (2 false hits of 19): see notebook 07 before trusting it.
 DEFAULT_THRESHOLDS = {"all-MiniLM-L6-v2": 0.905, "ngram": 0.795}
 

@@ -181,7 +181,7 @@ def measure_kv_growth(model: Any, batches: Sequence[int] = (1, 4, 16), lengths: 
 
 def c17_measure(setup: dict[str, Any]) -> dict[str, Any]:
     """KV growth on the engine, and peak running sequences: paged vs max-length, int8 vs model dtype."""
-    from labkit.serve import kv_bench as kb
+    from labkit.serve import kv_capacity as kb
 
     model, budget = setup["model"], setup["budget"]
     out: dict[str, Any] = {"growth": measure_kv_growth(model), "int8_growth": measure_kv_growth(model, kv_dtype="int8")}
@@ -203,7 +203,7 @@ def choose_c18(encoder: Any, precision: float = 0.99) -> dict[str, Any]:
     """On data/cache_eval/pairs.jsonl only: the lowest threshold (cosine alone, or with the
     lexical guard: whichever reuses more) from which hit precision on NON-IDENTICAL pairs
     stays >= `precision` (threshold None if none does)."""
-    from labkit.serve import cache_bench as cb
+    from labkit.serve import cache_eval as cb
 
     pairs = cb.load_pairs()
     ev, m = cb.evaluate(encoder, pairs), _non_identical(pairs)
@@ -221,7 +221,7 @@ def choose_c18(encoder: Any, precision: float = 0.99) -> dict[str, Any]:
 
 def heldout_c18(encoder: Any, chosen: dict[str, Any]) -> dict[str, int]:
     """Hits of the chosen threshold on data/cache_eval/heldout.jsonl's non-identical pairs."""
-    from labkit.serve import cache_bench as cb
+    from labkit.serve import cache_eval as cb
 
     held = cb.load_pairs("heldout.jsonl")
     hv, hm = cb.evaluate(encoder, held), _non_identical(held)
@@ -301,7 +301,7 @@ def trace_c18(encoder: Any, chosen: dict[str, Any], size: str = "smoke", model: 
     None when no threshold was chosen."""
     from labkit.bench.core import threads
     from labkit.model import load_tiny
-    from labkit.serve import cache_bench as cb
+    from labkit.serve import cache_eval as cb
     from labkit.tokenizer import load_tokenizer
 
     if chosen["threshold"] is None:

@@ -37,7 +37,7 @@ def main(args: argparse.Namespace) -> int:
     if getattr(args, "target", None) == "all":
         return run_all(args)
     if args.check:
-        from labkit.bench import check
+        from labkit.benches import check
 
         return check.main([])
     from labkit.bench import suites

@@ -1,4 +1,4 @@
-"""``python -m labkit.quant.bench [--quick]``: the chapter's acceptance figures in one run.
+"""``python -m labkit.benches.quant [--quick]``: the chapter's acceptance figures in one run.
 
 1. tiny checkpoint: validation perplexity, model bytes, decode tok/s (batch 1 and 8) and
    kernel path for fp32, bf16, int8 weight-only, int4 g128 / g32 and a mixed scheme;
@@ -27,7 +27,7 @@ from labkit.report import format_rows
 
 def parser():
     """The shared bench flags (CPU only: the int8/int4 kernels here are CPU kernels)."""
-    return benchkit.parser("labkit.quant.bench", __doc__, quick_help="fewer perplexity windows and repeats")
+    return benchkit.parser("labkit.benches.quant", __doc__, quick_help="fewer perplexity windows and repeats")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,6 @@
-"""Chapter 3's acceptance figures in one run: ``python -m labkit.fusion.bench [--quick] [--device auto]``.
+"""Chapter 3's acceptance figures in one run: ``python -m labkit.benches.fusion [--size smoke|full] [--device auto]``.
 
-Sections (each a function the notebook also calls): C6 tiny-op overhead share;
+Sections (each a function of `labkit.fusion.experiments` the notebook also calls): C6 tiny-op overhead share;
 C7 fused elementwise chains (speed-up, bytes/s vs measured bandwidth, kernel counts,
 graph nodes) and the decoder's decode step eager vs compiled (vs CUDA graphs on a
 GPU); C8 Conv+BN folding; C9 peak memory per autograd mode and fresh vs reused buffers.
@@ -12,79 +12,19 @@ of at least 16 M elements, the decode step compiled at every batch size, and the
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 import torch
 
 from labkit import benchkit, presets
-from labkit.fusion import count, decode, elementwise, fold, memory, overhead
+from labkit.fusion import elementwise, fold, memory
+from labkit.fusion.experiments import chains, decode_steps, forward_memory, tiny_ops_share
 
 MIN_BENCH_NUMEL = 16 * 2**20
 
 
-def tiny_ops_share(n_ops: int, dev: torch.device) -> dict[str, Any]:
-    """C6: a TinyOps(n_ops) forward: counted ops, measured time, per-op overhead, share."""
-    from labkit.timing import measure
-
-    model, x = overhead.TinyOps(n_ops).to(dev), torch.ones(16, device=dev)
-    with torch.inference_mode():
-        ops = count.count_ops(lambda: model(x), device=dev).ops
-        t = measure(lambda: model(x), warmup=2, repeat=10, device=dev).median
-    per_op = overhead.per_op_overhead_s(dev)
-    s = overhead.OverheadShare(ops, per_op, t)
-    return {"ops": ops, "measured_s": t, "per_op_s": per_op, "predicted_s": s.predicted_s, "share": s.share}
-
-
-def chains(numel: int, dev: torch.device, repeat: int, triton_numel: int) -> dict[str, Any]:
-    """C7 on memory-bound chains: every version's time, modelled bytes/s, kernels and error,
-    the measured read/copy bandwidth, graph nodes, and the Triton check (interpreted on CPU)."""
-    from labkit.bench import read_copy_bandwidth
-
-    # a fixed 256 MiB, far beyond any cache, whatever the chain size
-    bw = read_copy_bandwidth(dev, nbytes=256 * 2**20, repeat=3)
-    ok, why = elementwise.triton_available(dev)
-    out: dict[str, Any] = {"bandwidth": bw, "numel": numel, "triton": why if ok else f"skipped: {why}"}
-    for chain in elementwise.CHAINS:
-        rows = elementwise.run_chain(chain, numel, device=dev, repeat=repeat,
-                                     with_triton=ok and dev.type == "cuda")
-        small = elementwise.make_inputs(chain, 4096, width=256, device=dev)
-        nodes = count.graph_nodes(elementwise.REFERENCES[chain], *small, device=dev)
-        entry: dict[str, Any] = {"rows": rows, "graph_nodes": nodes}
-        if ok:
-            args = elementwise.make_inputs(chain, triton_numel, width=96, device=dev)
-            entry["triton_error"] = elementwise.max_abs_error(elementwise.TRITON[chain](*args),
-                                                              elementwise.REFERENCES[chain](*args))
-        out[chain] = entry
-    return out
-
-
-def decode_steps(p: dict[str, Any], dev: torch.device) -> list[decode.DecodeResult]:
-    """C6/C7 on the decoder: decode step eager at `decode_batches`, compiled at
-    `compile_batches` (and CUDA graphs on a GPU)."""
-    from labkit.model import Transformer, load_tiny
-
-    name = p["decode_model"]
-    model = (load_tiny() if name == "tiny" else Transformer.from_preset(name)).to(dev)
-    bench = decode.DecodeBench(model, context=p["decode_context"], max_len=p["decode_context"] + 64)
-    kw = {"repeat": p["decode_repeat"], "threads": p["decode_threads"] if dev.type == "cpu" else None}
-    rows = bench.run("eager", p["decode_batches"], **kw)
-    rows += bench.run("compiled", p["compile_batches"], **kw)
-    if dev.type == "cuda":
-        rows += bench.run("cuda_graph", p["compile_batches"], **kw)
-    return rows
-
-
-def forward_memory(p: dict[str, Any], dev: torch.device) -> memory.ForwardPeak:
-    """C9: peak memory of one forward of `mem_model` per autograd mode."""
-    from labkit.model import Transformer
-
-    model = Transformer.from_preset(p["mem_model"], **p["mem_overrides"]).to(dev)
-    return memory.forward_peaks(model, p["mem_batch"], p["mem_seq"])
-
-
 def parser():
     """The shared bench flags (--quick: the smoke sizes, else full) plus --chain-numel."""
-    ap = benchkit.parser("labkit.fusion.bench", __doc__, devices=("cpu", "cuda", "mps"),
+    ap = benchkit.parser("labkit.benches.fusion", __doc__, devices=("cpu", "cuda", "mps"),
                          quick_help="the notebook's smoke sizes (default: full)")
     ap.add_argument("--chain-numel", type=benchkit.positive_int, default=None,
                     help=f"elements per elementwise chain (default: the preset's, at least {MIN_BENCH_NUMEL})")

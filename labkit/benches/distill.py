@@ -1,4 +1,4 @@
-"""``python -m labkit.distill.bench [--quick]``: C13 and C14's acceptance figures in one run.
+"""``python -m labkit.benches.distill [--quick]``: C13 and C14's acceptance figures in one run.
 
 1. the same student (the tiny teacher with half its layers) trained from scratch and
    distilled from the tiny checkpoint on the same token budget: validation perplexity;
@@ -31,7 +31,7 @@ from labkit.report import format_rows
 
 def parser():
     """The shared bench flags (CPU only)."""
-    return benchkit.parser("labkit.distill.bench", __doc__, quick_help="smoke sizes (seconds, not minutes)")
+    return benchkit.parser("labkit.benches.distill", __doc__, quick_help="smoke sizes (seconds, not minutes)")
 
 
 def main(argv: list[str] | None = None) -> int:

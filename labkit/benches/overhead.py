@@ -1,4 +1,4 @@
-"""`python -m labkit.serve.overhead_bench [--quick]`: what serving over HTTP costs the model.
+"""`python -m labkit.benches.overhead [--quick]`: what serving over HTTP costs the model.
 
 One closed-loop trace (`batch` users, each sending its requests one after another) runs five
 ways, in interleaved rounds:
@@ -114,7 +114,7 @@ def body(size: str, device: str = "cpu") -> dict[str, Any]:
 
 def parser():
     """The shared bench flags (the server and the in-process engine run 1 torch thread)."""
-    return benchkit.parser("labkit.serve.overhead_bench", __doc__, devices=("cpu", "cuda"),
+    return benchkit.parser("labkit.benches.overhead", __doc__, devices=("cpu", "cuda"),
                            quick_help="2 rounds of 32 short requests each way (about two minutes on 2 CPU cores)")
 
 

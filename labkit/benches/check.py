@@ -1,6 +1,6 @@
 """Is labkit measuring right? Compare it, in one run, with the plainest references.
 
-    python -m labkit.bench.check        (or: labkit bench --check)
+    python -m labkit.benches.check        (or: labkit bench --check)
 
 **Triad.** labkit's triad (``torch.add(b, c, alpha=s, out=a)``, one pass) is compared
 with a numpy kernel that has *the same memory access pattern*: ``np.add(b, c, out=a)``
@@ -184,7 +184,7 @@ def matmul(sizes: tuple[int, ...] = (1024, 2048), rounds: int = 5) -> dict[str, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m labkit.bench.check", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m labkit.benches.check", description=__doc__.split("\n")[0])
     ap.add_argument("--matmul-sizes", type=int, nargs="+", default=[1024, 2048],
                     help="square GEMM sizes n compared (default 1024 2048)")
     args = ap.parse_args(argv)

@@ -1,4 +1,4 @@
-"""``python -m labkit.prune.bench [--quick]``: C12's acceptance figures in one run.
+"""``python -m labkit.benches.prune [--quick]``: C12's acceptance figures in one run.
 
 1. one 4096 x 4096 fp32 matmul at batch 1: dense vs unstructured-kept-dense, CSR, COO and
    structured (smaller dense) at 50% and 75%;
@@ -44,7 +44,7 @@ def gemm24() -> None:
 def parser():
     """The shared bench flags (--device picks where the 2:4 GEMM of section 5 runs) plus
     --gemm24-only."""
-    ap = benchkit.parser("labkit.prune.bench", __doc__, devices=("cpu", "cuda"),
+    ap = benchkit.parser("labkit.benches.prune", __doc__, devices=("cpu", "cuda"),
                          quick_help="smoke sizes (seconds, not minutes)")
     ap.add_argument("--gemm24-only", action="store_true", help="only section 5, the 2:4 GEMM (for GPU checks)")
     return ap

@@ -1,0 +1,9 @@
+"""The programs: every bench entry point (``python -m labkit.benches.<name>``) and the
+`labkit bench` command's glue. They sit on top of the library: a bench may import any labkit
+package and the ledger's judges; no library module imports a bench (tests/test_layers.py).
+
+* `quant`, `prune`, `distill`, `fusion`, `kv`, `cache`, `overhead`: one chapter's acceptance
+  figures each (the shared flags: ``--size smoke|full``, ``--json``, ``--device``, ``--threads``);
+* `check`: is labkit measuring right (its triad and GEMM vs numpy / ``torch.matmul``);
+* `cli`: ``labkit bench`` and ``labkit bench all``.
+"""
