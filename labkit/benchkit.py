@@ -1,6 +1,7 @@
-"""One convention for every ``python -m labkit.<pkg>.bench``: flags, JSON and the last line.
+"""One convention for every bench program (``python -m labkit.benches.<name>``): flags, JSON and
+the last line.
 
-Every bench takes ``--quick`` (smoke sizes), ``--json PATH`` (write its figures),
+Every bench takes ``--size smoke|full`` (``--quick``: the same as ``--size smoke``), ``--json PATH`` (write its figures),
 ``--device`` (auto | cpu | cuda | mps, as far as the bench supports it) and ``--threads N``
 (torch intra-op threads), and ends with exactly one line::
 
@@ -33,6 +34,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from labkit.presets import RUN_SIZES
+
 # Every bench module, in the order `labkit bench all` runs them (cheap ones first).
 BENCHES = ("labkit.sim.bench", "labkit.model.bench", "labkit.benches.fusion", "labkit.benches.quant",
            "labkit.benches.prune", "labkit.benches.distill", "labkit.benches.kv", "labkit.benches.cache",
@@ -53,18 +56,30 @@ def positive_int(text: str) -> int:
     return n
 
 
+class _BenchParser(argparse.ArgumentParser):
+    """Parses the shared flags; `quick` (True for --size smoke) stays readable for benches that
+    still test it."""
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        ns, rest = super().parse_known_args(args, namespace)
+        ns.quick = ns.size == "smoke"
+        return ns, rest
+
+
 def parser(prog: str, doc: str | None, *, devices: tuple[str, ...] = ("cpu",), default_device: str = "auto",
            default_threads: int | None = None, quick_help: str = "smoke sizes (seconds to minutes, not hours)",
            **kwargs: Any) -> argparse.ArgumentParser:
-    """An ArgumentParser with the four shared flags; the bench adds its own after.
+    """An ArgumentParser with the shared flags (--size smoke|full and its alias --quick, --json,
+    --device, --threads); the bench adds its own after. `quick_help` says what smoke means.
 
     `devices`: the device kinds the bench can use (``--device auto`` picks among them,
     falling back to cpu); `default_threads`: None leaves torch's default."""
     if not devices or any(d not in DEVICES[1:] for d in devices):
         raise ValueError(f"devices {devices!r} not allowed; choose from {DEVICES[1:]}")
-    ap = argparse.ArgumentParser(prog=f"python -m {prog}", description=(doc or "").strip().split("\n\n")[0],
-                                 **kwargs)
-    ap.add_argument("--quick", action="store_true", help=quick_help)
+    ap = _BenchParser(prog=f"python -m {prog}", description=(doc or "").strip().split("\n\n")[0], **kwargs)
+    ap.add_argument("--size", default="full", choices=RUN_SIZES,
+                    help=f"smoke: {quick_help}; full: the sizes that show the effect (default full)")
+    ap.add_argument("--quick", dest="size", action="store_const", const="smoke", help="the same as --size smoke")
     ap.add_argument("--json", default=None, metavar="PATH", help="write the figures and the fingerprint here")
     ap.add_argument("--device", default=default_device, choices=("auto", *devices),
                     help=f"where to run: auto | {' | '.join(devices)} (default {default_device})")
@@ -200,7 +215,7 @@ def parse_summary(output: str) -> dict[str, Any] | None:
     return None if m is None else {"bench": m["bench"], "text": m["text"], "seconds": int(m["seconds"])}
 
 
-def run_all(*, quick: bool, device: str = "auto", threads: int | None = None, only: list[str] | None = None,
+def run_all(*, size: str, device: str = "auto", threads: int | None = None, only: list[str] | None = None,
             timeout_s: float | None = None, say: Callable[[str], None] = print,
             python: str = sys.executable) -> dict[str, Any]:
     """Run each bench module (`only`: names like "sim" or "kv"; default all of
@@ -217,7 +232,7 @@ def run_all(*, quick: bool, device: str = "auto", threads: int | None = None, on
         for mod in modules:
             path = Path(tmp) / f"{mod}.json"
             argv = [python, "-m", mod, "--json", str(path), "--device", device]
-            argv += ["--quick"] * quick + (["--threads", str(threads)] if threads else [])
+            argv += ["--size", size] + (["--threads", str(threads)] if threads else [])
             say(f"== {mod} {' '.join(argv[3:])}")
             t0 = time.perf_counter()
             try:
@@ -235,7 +250,7 @@ def run_all(*, quick: bool, device: str = "auto", threads: int | None = None, on
                 rec["output_tail"] = text[-3000:]
             say(summary_line(mod, rec["summary"] or f"no summary line (rc {rc})", seconds))
             out.append(rec)
-    return {"fingerprint": fingerprint(None if device == "auto" else device), "size": "smoke" if quick else "full",
+    return {"fingerprint": fingerprint(None if device == "auto" else device), "size": size,
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "benches": out}
 
 

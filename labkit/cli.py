@@ -6,6 +6,8 @@ import argparse
 import importlib
 import sys
 
+from labkit import presets
+
 
 def _doctor(args: argparse.Namespace) -> int:
     from labkit import doctor
@@ -68,10 +70,12 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.set_defaults(func=_notebooks)
 
     p = sub.add_parser("bench", help="measure this machine: bandwidth, matmul, overhead, kernel zoo (JSON); "
-                                     "`labkit bench all` runs every python -m labkit.*.bench")
+                                     "`labkit bench all` runs every bench program")
     p.add_argument("target", nargs="?", choices=("all",), default=None,
                    help="all: run every bench module and write one JSON for this machine")
-    p.add_argument("--quick", action="store_true", help="smoke sizes (about a minute on 2 CPU cores)")
+    p.add_argument("--size", default="full", choices=presets.RUN_SIZES,
+                   help="smoke: about a minute on 2 CPU cores; full: the sizes that show the effect (default full)")
+    p.add_argument("--quick", dest="size", action="store_const", const="smoke", help="the same as --size smoke")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | mps (default auto)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (bench all; default torch's)")
     p.add_argument("--out", default=None, help="JSON path (default build/bench/<device>-<threads>t.json; "

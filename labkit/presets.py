@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 SIZE_CHOICES = ("smoke", "full", "auto")
+# What a program (bench, `labkit ledger`) takes as --size: it runs where it is started, so no "auto".
+RUN_SIZES = ("smoke", "full")
 # Timed comparisons on a shared machine: at least this many repeats and interleaved rounds
 # (best round kept), whatever the preset says; a decode step here is ~5-150 ms. Measured on a
 # 2-core machine shared with other jobs, 2 rounds let one variant's best land in a busy spell
@@ -182,6 +182,27 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
     },
     # labkit.benches.overhead: closed-loop users (= the server's max batch), requests per run,
     # prompt words and output tokens per request, interleaved rounds of the three ways.
+    # `labkit ledger`'s own run sizes where a claim's run differs from its notebook's: C3's
+    # interleaved rounds, torch threads for C10/C11 (None: all cores), C15's chat requests on the
+    # real server, C16's interactive requests, C18's new tokens per answer (48: chapter 6's mean
+    # chat output), C19's trace as a multiple of the serving preset's requests.
+    "ledger": {
+        "smoke": {"c3_rounds": 3, "c10_threads": 1, "c15_requests": 80, "c16_interactive": 60,
+                  "c18_new_tokens": 48, "c19_repeat": 2},
+        "full": {"c3_rounds": 5, "c10_threads": None, "c15_requests": 300, "c16_interactive": 200,
+                 "c18_new_tokens": 128, "c19_repeat": 1},
+    },
+    # The chapter benches' own sizes (`python -m labkit.benches.quant`, `.cache`): perplexity
+    # windows and C10's decode repeats; the cache's lookup repeats, index sizes (entries) and
+    # requests through the real server.
+    "bench_quant": {
+        "smoke": {"ppl_windows": 4, "c10_repeat": 5},
+        "full": {"ppl_windows": 16, "c10_repeat": 20},
+    },
+    "bench_cache": {
+        "smoke": {"lookup_repeat": 1, "index_sizes": [1_000, 10_000], "server_requests": 4},
+        "full": {"lookup_repeat": 3, "index_sizes": [1_000, 10_000, 100_000], "server_requests": 8},
+    },
     "serve_overhead": {
         "smoke": {"batch": 16, "requests": 32, "prompt": 32, "output": 64, "rounds": 2},
         "full": {"batch": 16, "requests": 48, "prompt": 32, "output": 128, "rounds": 3},
@@ -195,18 +216,18 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
 AUTO_FULL = frozenset({"case"})
 
 
-def resolve_size(size: str, device: torch.device | str = "cpu", chapter: str | None = None) -> str:
+def resolve_size(size: str, device: Any = "cpu", chapter: str | None = None) -> str:
     """Validate `size` and turn "auto" into "full" (GPU, or a chapter in AUTO_FULL) or "smoke" (CPU/MPS)."""
     if not isinstance(size, str) or size.lower() not in SIZE_CHOICES:
         raise ValueError(f"SIZE={size!r} is not allowed; choose one of {', '.join(map(repr, SIZE_CHOICES))}")
     size = size.lower()
     if size == "auto":
-        kind = torch.device(device).type
+        kind = str(device).split(":")[0]  # a torch.device or its name: "cuda:0" -> "cuda"
         return "full" if kind == "cuda" or chapter in AUTO_FULL else "smoke"
     return size
 
 
-def sizes(chapter: str, size: str, device: torch.device | str = "cpu") -> dict[str, Any]:
+def sizes(chapter: str, size: str, device: Any = "cpu") -> dict[str, Any]:
     """The problem sizes of `chapter` at `size` (validated, "auto" resolved) on `device`."""
     if chapter not in SIZES:
         raise ValueError(f"unknown chapter {chapter!r}; known: {', '.join(sorted(SIZES))}")

@@ -174,15 +174,17 @@ def test_every_bench_is_listed_once():
 
 @pytest.mark.parametrize("module", BENCH_MODULES)
 def test_every_bench_takes_the_shared_flags(module):
-    """Parsing only (no bench runs): --quick, --json, --device, --threads, and bad values
-    rejected by argparse with the allowed ones named."""
+    """Parsing only (no bench runs): --size (and its alias --quick), --json, --device, --threads,
+    and bad values rejected by argparse with the allowed ones named."""
     import importlib
 
     ap = importlib.import_module(module).parser()
     args = ap.parse_args(["--quick", "--json", "out.json", "--device", "cpu", "--threads", "2"])
     assert (args.quick, args.json, args.device, args.threads, args._bench) == (True, "out.json", "cpu", 2, module)
     assert ap.parse_args([]).quick is False and ap.parse_args([]).device == "auto"
-    for bad in (["--threads", "0"], ["--device", "tpu"]):
+    assert "--size {smoke,full}" in ap.format_help() and ap.parse_args(["--size", "smoke"]).size == "smoke"
+    assert ap.parse_args(["--quick"]).size == "smoke" and ap.parse_args([]).size == "full"
+    for bad in (["--threads", "0"], ["--device", "tpu"], ["--size", "auto"]):
         with pytest.raises(SystemExit):
             ap.parse_args(bad)
 
@@ -248,7 +250,7 @@ def test_bench_all_selection_and_parser():
     with pytest.raises(ValueError, match="unknown bench 'gpu'.*sim"):
         benchkit.select(["gpu"])
     args = cli.build_parser(["bench"]).parse_args(["bench", "all", "--quick", "--only", "sim", "--machine", "m1"])
-    assert (args.target, args.quick, args.only, args.machine) == ("all", True, ["sim"], "m1")
+    assert (args.target, args.size, args.only, args.machine) == ("all", "smoke", ["sim"], "m1")
     assert cli.build_parser(["bench"]).parse_args(["bench", "--check"]).target is None
     assert benchkit.machine_slug({"device_name": "Intel(R) Xeon(R) 8480+", "torch_threads": 2}) == \
         "intel-r-xeon-r-8480-2t"
@@ -270,7 +272,7 @@ def test_bench_all_gathers_one_record_per_bench(monkeypatch, tmp_path):
         return subprocess.CompletedProcess(argv, 1, "half a table\n", "Traceback: boom\n")
 
     monkeypatch.setattr(subprocess, "run", fake_run)
-    rec = benchkit.run_all(quick=True, device="cpu", only=["sim", "model"], say=lambda _: None)
+    rec = benchkit.run_all(size="smoke", device="cpu", only=["sim", "model"], say=lambda _: None)
     json.dumps(rec)
     assert rec["size"] == "smoke" and rec["fingerprint"]["kind"] == "cpu"
     sim, model = rec["benches"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from labkit import benchkit, timing
+from labkit import benchkit, presets, timing
 from labkit.serve.cache import make_cache
 from labkit.serve.cache_eval import (COMMON_DEFAULT, at, describe_safe, evaluate, false_hits_by_kind, format_sweep,
                                      index_scaling, isolation_test, load_pairs, lookup_latency, server_latency)
@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
 def body(args: argparse.Namespace) -> dict:
     """Threshold sweep, held-out check, tenant isolation, lookup cost, the server; returns figures."""
     out: dict[str, Any] = {}
+    P = presets.sizes("bench_cache", args.size)
     enc = load_encoder(args.encoder)
     print(enc.note)
     ev = evaluate(enc)
@@ -73,14 +74,14 @@ def body(args: argparse.Namespace) -> dict:
     prompts = [p["a"] for p in load_pairs()[:50]]
     for kind, opts in (("exact", {}), ("semantic", {"encoder": enc, "threshold": threshold, "memo": 0})):
         lat = out.setdefault("lookup", {})[kind] = lookup_latency(make_cache(kind, **opts), prompts,
-                                                                  repeat=1 if args.quick else 3)
+                                                                  repeat=P["lookup_repeat"])
         print(f"in-process {kind:<8} get: hit {timing.fmt_time(lat['hit'].median)}, "
               f"miss {timing.fmt_time(lat['miss'].median)} (median)")
-    for row in index_scaling(sizes=(1_000, 10_000) if args.quick else (1_000, 10_000, 100_000)):
+    for row in index_scaling(sizes=P["index_sizes"]):
         print(f"brute-force search over {row['entries']:>7,} vectors: {timing.fmt_time(row['s_per_lookup'])} per lookup, "
               f"{row['vector_bytes'] / 2**20:.0f} MiB")
     if not args.no_server:
-        s = out["server"] = server_latency("semantic", n=4 if args.quick else 8)
+        s = out["server"] = server_latency("semantic", n=P["server_requests"])
         para = s["paraphrase_hit"].median if s["paraphrase_hit"] else float("nan")
         print(f"\nthrough labkit serve (tiny, {s['max_tokens']} tokens): "
               f"model call {timing.fmt_time(s['model_call'].median)}, "

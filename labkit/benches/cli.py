@@ -1,5 +1,5 @@
-"""`labkit bench [--quick] [--device D] [--out PATH] [--check]` and
-`labkit bench all [--quick] [--device D] [--threads N] [--only NAME...] [--out PATH] [--machine NAME]`."""
+"""`labkit bench [--size smoke|full] [--device D] [--out PATH] [--check]` and
+`labkit bench all [--size smoke|full] [--device D] [--threads N] [--only NAME...] [--out PATH] [--machine NAME]`."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def run_all(args: argparse.Namespace) -> int:
         raise ValueError(f"--machine {machine_name!r} not allowed: letters, digits, '.', '_' and '-' only "
                          "(it names a folder under data/results/)")
     t0 = time.perf_counter()
-    machine = benchkit.run_all(quick=args.quick, device=args.device, threads=getattr(args, "threads", None),
+    machine = benchkit.run_all(size=args.size, device=args.device, threads=getattr(args, "threads", None),
                                only=getattr(args, "only", None), timeout_s=getattr(args, "timeout", None),
                                say=lambda msg: print(f"[{time.perf_counter() - t0:6.1f} s] {msg}", flush=True))
     slug = benchkit.machine_slug(machine["fingerprint"])
@@ -43,7 +43,7 @@ def main(args: argparse.Namespace) -> int:
     from labkit.bench import suites
 
     t0 = time.perf_counter()
-    report = suites.run("smoke" if args.quick else "full", args.device,
+    report = suites.run(args.size, args.device,
                         progress=lambda msg: print(f"[{time.perf_counter() - t0:6.1f} s] {msg}", flush=True))
     for r in report.results:
         print(f"{r.group:<9}{r}")

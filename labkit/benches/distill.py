@@ -1,4 +1,4 @@
-"""``python -m labkit.benches.distill [--quick]``: C13 and C14's acceptance figures in one run.
+"""``python -m labkit.benches.distill [--size smoke|full]``: C13 and C14's acceptance figures in one run.
 
 1. the same student (the tiny teacher with half its layers) trained from scratch and
    distilled from the tiny checkpoint on the same token budget: validation perplexity;
@@ -8,7 +8,7 @@
    quantize first, perplexity after every step, size and decode speed at the end;
 4. decode speed-ups over the fp32 teacher: quantization vs a smaller model.
 
-Sizes come from ``labkit.presets.SIZES["pruning"]`` (``--quick``: the smoke sizes).
+Sizes come from ``labkit.presets.SIZES["pruning"]`` (``--size smoke``: the smoke sizes).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def parser():
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     with benchkit.session(args) as run:
-        body(run, "smoke" if args.quick else "full", args.threads)
+        body(run, args.size, args.threads)
     return run.rc
 
 

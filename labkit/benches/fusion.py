@@ -23,7 +23,7 @@ MIN_BENCH_NUMEL = 16 * 2**20
 
 
 def parser():
-    """The shared bench flags (--quick: the smoke sizes, else full) plus --chain-numel."""
+    """The shared bench flags (--size smoke|full) plus --chain-numel."""
     ap = benchkit.parser("labkit.benches.fusion", __doc__, devices=("cpu", "cuda", "mps"),
                          quick_help="the notebook's smoke sizes (default: full)")
     ap.add_argument("--chain-numel", type=benchkit.positive_int, default=None,
@@ -34,7 +34,7 @@ def parser():
 def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
     with benchkit.session(a) as run:
-        body(run, "smoke" if a.quick else "full", run.device, a.chain_numel)
+        body(run, a.size, run.device, a.chain_numel)
     return run.rc
 
 

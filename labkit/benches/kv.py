@@ -30,18 +30,18 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     with benchkit.session(args) as session:
-        session.results = body(args.quick)
+        session.results = body(args.size)
         r = session.results
         session.summary = (f"paged/max-length concurrency {r['paged_gain']:.1f}x; int8 KV concurrency "
                            f"{r['int8_gain']:.2f}x, perplexity {r['int8_dppl_pct']:+.2f}%")
     return session.rc
 
 
-def body(quick: bool) -> dict:
+def body(size: str) -> dict:
     """Paged vs max-length reservation, block sizes, int8 KV; returns every figure."""
     from labkit.model import load_tiny, perplexity
 
-    P = presets.sizes("kv_cache", "smoke" if quick else "full")  # the sizes notebook 07 uses
+    P = presets.sizes("kv_cache", size)  # the sizes notebook 07 uses
     torch.manual_seed(0)
     model = load_tiny()
     wl = mixed_workload(P["engine_requests"], P["prompt_median"], P["output_median"], P["engine_max_len"])

@@ -1,4 +1,4 @@
-"""`python -m labkit.benches.overhead [--quick]`: what serving over HTTP costs the model.
+"""`python -m labkit.benches.overhead [--size smoke|full]`: what serving over HTTP costs the model.
 
 One closed-loop trace (`batch` users, each sending its requests one after another) runs five
 ways, in interleaved rounds:
@@ -121,7 +121,7 @@ def parser():
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     with benchkit.session(args) as run:
-        run.results = r = body("smoke" if args.quick else "full", run.device.type)
+        run.results = r = body(args.size, run.device.type)
         w = r["ways"]
         run.summary = ", ".join(f"{e} {100 * w[f'{e} streaming']['share']:+.1f}%/step streaming "
                                 f"({100 * w[f'{e} non-streaming']['share']:+.1f}% whole)" for e in ENGINES)

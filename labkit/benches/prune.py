@@ -1,4 +1,4 @@
-"""``python -m labkit.benches.prune [--quick]``: C12's acceptance figures in one run.
+"""``python -m labkit.benches.prune [--size smoke|full]``: C12's acceptance figures in one run.
 
 1. one 4096 x 4096 fp32 matmul at batch 1: dense vs unstructured-kept-dense, CSR, COO and
    structured (smaller dense) at 50% and 75%;
@@ -9,7 +9,7 @@
 5. 2:4 semi-structured vs dense on a large GEMM (CUDA, compute capability >= 8.0), or
    one line saying why it is skipped.
 
-Sizes come from ``labkit.presets.SIZES["pruning"]`` (``--quick``: the smoke sizes).
+Sizes come from ``labkit.presets.SIZES["pruning"]`` (``--size smoke``: the smoke sizes).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
             gemm24()
             run.summary = "2:4 GEMM section only"
         else:
-            body(run, "smoke" if args.quick else "full", args.threads)
+            body(run, args.size, args.threads)
     return run.rc
 
 

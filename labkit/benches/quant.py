@@ -1,4 +1,4 @@
-"""``python -m labkit.benches.quant [--quick]``: the chapter's acceptance figures in one run.
+"""``python -m labkit.benches.quant [--size smoke|full]``: the chapter's acceptance figures in one run.
 
 1. tiny checkpoint: validation perplexity, model bytes, decode tok/s (batch 1 and 8) and
    kernel path for fp32, bf16, int8 weight-only, int4 g128 / g32 and a mixed scheme;
@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-from labkit import benchkit
+from labkit import benchkit, presets
 from labkit.data import corpus_ids
 from labkit.ledger.ch4 import judge_c10, predict_c10
 from labkit.model import load_tiny
@@ -32,14 +32,14 @@ def parser():
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    windows = 4 if args.quick else 16
     with benchkit.session(args) as run:
-        body(run, args.quick, windows)
+        body(run, presets.sizes("bench_quant", args.size))
     return run.rc
 
 
-def body(run: benchkit.Session, quick: bool, windows: int) -> None:
+def body(run: benchkit.Session, P: dict) -> None:
     """The five sections; figures go into `run` and its summary."""
+    windows = P["ppl_windows"]
     torch.manual_seed(0)
     valid = corpus_ids("valid")
     train = corpus_ids("train", max_chars=300_000)  # calibration: train split, disjoint from valid
@@ -58,7 +58,7 @@ def body(run: benchkit.Session, quick: bool, windows: int) -> None:
     print("\n== 2. C10: decode on a memory-bound preset (small, 2 layers, random init) ==")
     models = c10_models("small", {"n_layers": 2})
     pred = predict_c10(c10_bytes(models))  # before any timing, as the ledger does
-    c10 = run.record("c10", c10_decode(batches=(1, 8), repeat=5 if quick else 20, models=models))
+    c10 = run.record("c10", c10_decode(batches=(1, 8), repeat=P["c10_repeat"], models=models))
     print(format_rows(c10))
     by = {r["scheme"]: r for r in c10}
     v = judge_c10(pred, c10, batch=1)

@@ -8,7 +8,7 @@ Public API::
     from labkit.distill import OrderBudget, run_order, summary
     from labkit.distill import experiments   # the chapter's measurements as row-returning functions
 
-`python -m labkit.benches.distill [--quick]` prints the chapter's C13/C14 acceptance figures.
+`python -m labkit.benches.distill [--size smoke|full]` prints the chapter's C13/C14 acceptance figures.
 """
 
 from labkit.distill.cost import distillation_cost, forward_flops_per_token, matmul_params, training_flops

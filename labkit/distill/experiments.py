@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from labkit import presets
 from labkit.distill.cost import distillation_cost, training_flops
 from labkit.distill.trainer import KDConfig, new_student, student_config, train_student
 from labkit.model import ModelConfig, Transformer, perplexity
@@ -147,7 +148,6 @@ def prune_jumps(step_rows: list[dict]) -> dict[str, float]:
 def distilled(size: str = "smoke") -> dict[str, Any]:
     """One `distill_vs_scratch` run at `size` (the preset's student
     and budget), shared by C13 and C14 in one process, plus the data and budget it used."""
-    from labkit import presets
     from labkit.bench.core import threads
     from labkit.data import corpus_ids
     from labkit.model import load_tiny

@@ -21,6 +21,7 @@ import math
 import os
 from typing import Any, Mapping, Sequence
 
+from labkit import presets
 from labkit.bench.counters import CounterReading
 from labkit.ledger.verdict import Prediction, Verdict, decide, inconclusive, settle
 
@@ -41,8 +42,6 @@ LOW_COMPUTE, HIGH_BANDWIDTH = 0.30, 0.50
 
 
 def _sizes(size: str, dev: Any) -> dict[str, Any]:
-    from labkit import presets
-
     return presets.sizes("roofline", size, dev)
 
 
@@ -151,7 +150,7 @@ def run_c3(size: str = "smoke", device: Any = None) -> Verdict:
     setup = c3_setup(dev, _sizes(size, dev))
     ridge = phases.measure_roofline(dev, setup["dtype"]).ridge(setup["dtype"]) if setup["low"] else math.nan
     pred = predict_c3(setup["knob"], setup["gemm"], setup["gemv"], ridge, setup["dtype"])
-    return judge_c3(pred, measure_c3(dev, setup, rounds=3 if size == "smoke" else 5), setup["knob"])
+    return judge_c3(pred, measure_c3(dev, setup, rounds=presets.sizes("ledger", size)["c3_rounds"]), setup["knob"])
 
 
 # ------------------------------------------------------------------------------- C4

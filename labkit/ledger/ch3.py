@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from labkit import presets
 from labkit.fusion import experiments as fx
 from labkit.ledger.verdict import Prediction, Verdict, decide, distance_from_range, inconclusive, settle
 
@@ -81,7 +82,6 @@ def judge_c6(prediction: Prediction, counted_ops: int, measured_s: float, fit: d
 def run_c6(size: str = "smoke", device: Any = None) -> Verdict:
     """C6 for `labkit ledger`: the fixed cost per op fitted (intercept of time vs work), the ops
     of one decode step of the trained tiny decoder counted, the prediction, then the step timed."""
-    from labkit import presets
     from labkit.model import load_tiny
 
     dev = device or "cpu"
@@ -144,8 +144,6 @@ def judge_c7(prediction: Prediction, chains: Mapping[str, Mapping[str, float]] |
 def run_c7(size: str = "smoke", device: Any = None) -> Verdict:
     """C7 for `labkit ledger`: both chains at the preset's size, eager vs compiled; inconclusive if
     no compiler works."""
-    from labkit import presets
-
     dev = device or "cpu"
     P = presets.sizes("fusion", size, dev)
     pred = predict_c7(P["chain_numel"])
@@ -188,8 +186,6 @@ def judge_c8(prediction: Prediction, max_rel_error: float, unfolded_ops: int, fo
 
 def run_c8(size: str = "smoke", device: Any = None) -> Verdict:
     """C8 for `labkit ledger`: a ConvBNReLU block at the preset's shape, unfolded vs folded + fused."""
-    from labkit import presets
-
     dev = device or "cpu"
     P = presets.sizes("fusion", size, dev)
     m = fx.measure_c8(P["conv_batch"], P["conv_channels"], P["conv_hw"], device=dev)
@@ -239,7 +235,6 @@ def judge_c9(prediction: Prediction, peaks: Mapping[str, int], method: str = "")
 def run_c9(size: str = "smoke", device: Any = None) -> Verdict:
     """C9 for `labkit ledger`: peak tensor bytes of one forward of the preset's `mem_model`, per
     autograd mode."""
-    from labkit import presets
     from labkit.fusion import memory
     from labkit.model import Transformer
 

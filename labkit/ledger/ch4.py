@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from labkit import presets
 from labkit.distill import experiments as dx
 from labkit.presets import MIN_REPEAT, MIN_ROUNDS
 from labkit.ledger.verdict import Prediction, Verdict, decide, distance_from_range, inconclusive, settle
@@ -89,14 +90,13 @@ def judge_c10(prediction: Prediction, rows: list[dict], batch: int = 1) -> Verdi
 def run_c10(size: str = "smoke", device: Any = None) -> Verdict:
     """C10 for `labkit ledger`: decode of the preset's random-init model per weight format (CPU
     kernels; one thread in smoke)."""
-    from labkit import presets
     from labkit.bench.core import threads
     from labkit.quant import experiments as qx
 
     P = presets.sizes("quantization", size, device or "cpu")
     models = qx.c10_models(P["c10_preset"], P["c10_overrides"])
     pred = predict_c10(qx.c10_bytes(models))
-    with threads(1 if size == "smoke" else None):
+    with threads(presets.sizes("ledger", size)["c10_threads"]):
         rows = qx.c10_decode(batches=(1,), repeat=max(MIN_REPEAT, P["repeat"]), rounds=max(MIN_ROUNDS, P["rounds"]),
                              models=models)
     return judge_c10(pred, rows)
@@ -181,7 +181,6 @@ def judge_c11(prediction: Prediction, ppl: Mapping[str, float], kept: int | None
 def run_c11(size: str = "smoke", device: Any = None) -> Verdict:
     """C11 for `labkit ledger`: perplexities of the trained tiny checkpoint (`c11_perplexities`),
     one thread in smoke."""
-    from labkit import presets
     from labkit.bench.core import threads
     from labkit.data import corpus_ids
     from labkit.model import load_tiny
@@ -189,7 +188,7 @@ def run_c11(size: str = "smoke", device: Any = None) -> Verdict:
 
     P = presets.sizes("quantization", size, device or "cpu")
     pred = predict_c11(P["outlier_factor"])
-    with threads(1 if size == "smoke" else None):
+    with threads(presets.sizes("ledger", size)["c10_threads"]):
         m = qx.c11_perplexities(load_tiny(), corpus_ids("train", max_chars=300_000), corpus_ids("valid"),
                                 P["ppl_windows"], P["calib_windows"], P["outlier_factor"], P["n_outliers"],
                                 P["alphas"], SENSITIVE_PCT)
@@ -248,7 +247,6 @@ def c12_speedups(rows: list[dict], sparsity: float) -> tuple[float, float, float
 def run_c12(size: str = "smoke", device: Any = None) -> Verdict:
     """C12 for `labkit ledger`: decode speed at the preset's first sparsity, dense vs kept dense /
     CSR / structured."""
-    from labkit import presets
     from labkit.bench.core import threads
     from labkit.model import ModelConfig, Transformer
     from labkit.prune import experiments as px

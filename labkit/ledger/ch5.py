@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from labkit import presets
 from labkit.loadgen import experiments as lx
 from labkit.serve import experiments as sx
 from labkit.ledger.verdict import Prediction, Verdict, decide, inconclusive, settle
@@ -75,7 +76,6 @@ def run_c15(size: str = "smoke", device: Any = None) -> Verdict:
     """Tokens per step at batch 1 vs 8 on the real engine with the memory-bound model of C10
     (weights past the cache), then static vs continuous batching on the real server at 60 %
     of static's measured capacity (smoke: 80 chat requests, full: 300)."""
-    from labkit import presets
     from labkit.model import Transformer
     from labkit.model.kv_memory import kv_bytes_per_token
 
@@ -84,7 +84,7 @@ def run_c15(size: str = "smoke", device: Any = None) -> Verdict:
     pred = predict_c15(model.num_params() * model.dtype.itemsize, kv_bytes_per_token(model.config, model.dtype),
                        64, 8)
     steps = sx.engine_step_times(model, (1, 8), prompt=64)  # on all threads, like C1's batch cost
-    m = lx.c15_server(80 if size == "smoke" else 300, device=getattr(device, "type", "cpu"))
+    m = lx.c15_server(presets.sizes("ledger", size)["c15_requests"], device=getattr(device, "type", "cpu"))
     return judge_c15(pred, steps[1], steps[8], 8, m["static"], m["continuous"], m["short_static"],
                      m["short_continuous"])
 
@@ -145,7 +145,7 @@ def run_c16(size: str = "smoke", device: Any = None) -> Verdict:
 
     with threads(1):  # the engine's steps on one thread; the caller's setting comes back after
         model = load_tiny()
-        n = 60 if size == "smoke" else 200
+        n = presets.sizes("ledger", size)["c16_interactive"]
         cap = sx.engine_capacity(model)
         pred = predict_c16(cap, sx.INTERACTIVE_LOAD * cap, 0, sx.OFFLINE_OUT, 8, sx.INTERACTIVE_OUT, sx.offline_rate(cap))
         m = sx.measure_c16(model, cap, interactive=n)
@@ -217,7 +217,6 @@ def judge_c17(prediction: Prediction, growth: Sequence[tuple[int, int, int]], pa
 
 def c17_setup(size: str = "smoke") -> tuple[Prediction, dict[str, Any]]:
     """The prediction (from the model's shape and the workload's lengths) and what to measure."""
-    from labkit import presets
     from labkit.model import load_tiny
     from labkit.model.kv_memory import kv_bytes_per_token
     from labkit.serve import kv_capacity as kb

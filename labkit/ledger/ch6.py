@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+from labkit import presets
 from labkit.loadgen import experiments as lx
 from labkit.ledger.verdict import Prediction, Verdict, decide, inconclusive, settle, simulated
 from labkit.sim.sweep import first_past
@@ -138,11 +139,9 @@ def run_c19(size: str = "smoke", device: Any = None) -> Verdict:
     """The real server at every size (no cache vs exact result cache; smoke: the preset's
     requests x 2, ~20 s a run). If the server cannot start here, the calibrated twin's numbers
     are judged and the verdict is labelled simulated (inconclusive)."""
-    from labkit import presets
-
     P = presets.sizes("serving", size)
     mix = lx.TailMix()
-    specs = mix.specs(P["c19_requests"] * (2 if size == "smoke" else 1), P["c19_rate"], 0)
+    specs = mix.specs(P["c19_requests"] * presets.sizes("ledger", size)["c19_repeat"], P["c19_rate"], 0)
     cost = lx.calibrated_cost()
     twin_pred = lx.predict_cache_effect(specs, lx.sim_server(), cost)
     pred = predict_c19(mix.tail_share, mix.repeat_share, mix.typical_output, mix.tail_output, twin_pred)
@@ -160,8 +159,6 @@ def run_c20(size: str = "smoke", device: Any = None) -> Verdict:
     If the server cannot start here, an open-loop rate sweep of the calibrated twin is judged
     and the verdict is labelled simulated (inconclusive)."""
     import numpy as np
-
-    from labkit import presets
 
     cost, twin = lx.calibrated_cost(), lx.sim_server()
     P = presets.sizes("serving", size)

@@ -10,12 +10,11 @@ import traceback
 from pathlib import Path
 
 from labkit import paths
+from labkit.presets import RUN_SIZES
 from labkit.ledger.book import write_json
 from labkit.ledger.claims import CLAIMS, claim
 from labkit.ledger.verdict import (DEMONSTRATED, DEMONSTRATION, EVIDENCE_KINDS, FAILS, HOLDS, INCONCLUSIVE,
                                    MEASURED, OUTCOMES, SIMULATED, Prediction, Verdict, inconclusive)
-
-SIZES = ("smoke", "full")
 
 
 def run_claim(claim_id: str, size: str = "smoke", device: str = "auto") -> Verdict:
@@ -77,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--size", default="smoke", choices=SIZES, help="smoke (CI, minutes) | full")
+    p.add_argument("--size", default="smoke", choices=RUN_SIZES, help="smoke (CI, minutes) | full")
     p.add_argument("--claims", default=None, help="comma-separated ids, e.g. C1,C4 (default: all)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | mps")
     p.add_argument("--json", default=None, help="where to write the verdicts (default build/ledger.json)")

@@ -9,7 +9,7 @@ Public API::
     from labkit.prune import RecoveryBudget, recover
     from labkit.prune import experiments   # the chapter's measurements as row-returning functions
 
-`python -m labkit.benches.prune [--quick]` prints the chapter's C12 acceptance figures.
+`python -m labkit.benches.prune [--size smoke|full]` prints the chapter's C12 acceptance figures.
 """
 
 from labkit.prune.formats import FORMATS, SparseLinear, sparse_nbytes, to_sparse, to_sparse_model

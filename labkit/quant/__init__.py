@@ -17,7 +17,7 @@ plus one fp32 scale, and perplexity through that cache (`perplexity(..., kv_dtyp
 is the real accuracy cost. Bytes per token and sequences that fit:
 `labkit.model.kv_memory` (`experiments.kv_table` measures both).
 
-`python -m labkit.benches.quant [--quick]` prints the chapter's acceptance figures.
+`python -m labkit.benches.quant [--size smoke|full]` prints the chapter's acceptance figures.
 """
 
 from labkit.quant.core import (GRANULARITIES, GROUP_SIZES, QuantizedTensor, Scheme, dequantize, pack_int4,

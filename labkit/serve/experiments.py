@@ -16,6 +16,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from labkit import presets
+
 
 def engine_step_times(model: Any, batches: Sequence[int] = (1, 8), prompt: int = 64, steps: int = 24,
                       rounds: int = 3) -> dict[int, float]:
@@ -308,4 +310,4 @@ def trace_c18(encoder: Any, chosen: dict[str, Any], size: str = "smoke", model: 
         return None
     with threads(1):
         return measure_c18_trace(encoder, chosen, model or load_tiny(), load_tokenizer(),
-                                 cb.load_pairs("heldout.jsonl"), max_new_tokens=48 if size == "smoke" else 128)
+                                 cb.load_pairs("heldout.jsonl"), max_new_tokens=presets.sizes("ledger", size)["c18_new_tokens"])
