@@ -41,6 +41,7 @@ from typing import Any, Callable, Sequence
 from labkit.serve.blocks import BlockManager
 from labkit.serve.engine import (EngineClosed, EngineConfig, Event, QueueFull, Request, check_request,
                                  sampling_params)
+from labkit.serve.loading import check_model, load_model
 from labkit.serve.metrics import Metrics, SplitMetrics
 
 log = logging.getLogger("labkit.serve")
@@ -66,7 +67,7 @@ class CoreSpec:
     quantize: str | None = None  # a labkit.quant scheme for the weights (None: as trained)
 
     def load_kw(self) -> dict[str, Any]:
-        """`labkit.serve.server.load_model`'s keyword arguments beyond preset and device."""
+        """`labkit.serve.loading.load_model`'s keyword arguments beyond preset and device."""
         return {"quantize": self.quantize} if self.quantize is not None else {}
 
 
@@ -90,7 +91,6 @@ def _build(spec: CoreSpec) -> tuple[Any, dict[str, Any]]:
     import torch
 
     from labkit.serve.engine import Engine
-    from labkit.serve.server import check_model, load_model
 
     if spec.threads:
         torch.set_num_threads(spec.threads)
@@ -290,8 +290,6 @@ class EngineProc:
         process does with it: the pre-processing stage's reranker, echo's prompt logprobs."""
         with self._model_lock:
             if self._model is None:
-                from labkit.serve.server import load_model
-
                 self._model = load_model(self.spec.preset, self.spec.device, **self.spec.load_kw())
             return self._model
 

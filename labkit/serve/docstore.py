@@ -96,7 +96,7 @@ class StoreProcess:
 
     def __init__(self, delay_s: float = 0.0, n_docs: int | None = None, timeout_s: float = 30.0):
         from labkit.paths import REPO
-        from labkit.serve.server import _die_with_parent
+        from labkit.serve.loading import die_with_parent as _die_with_parent
 
         self.delay_s = check_delay(delay_s)
         tmp = Path(tempfile.mkdtemp(prefix="labkit-store-"))

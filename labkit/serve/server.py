@@ -14,7 +14,6 @@ seconds and are then ended with an error; the process exits 0 within seconds.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import signal
@@ -30,9 +29,10 @@ from typing import Any
 
 import torch
 
-from labkit.paths import REPO, TINY
+from labkit.paths import REPO
 from labkit.serve.core import ENGINE_MODES
 from labkit.serve.engine import Engine, EngineConfig, EngineSettings, setting
+from labkit.serve.loading import check_model, die_with_parent, load_model
 from labkit.serve.metrics import parse_prometheus
 from labkit.serve.preprocess import IMPLEMENTATIONS, StageConfig
 from labkit.serve.surface import DEFAULT_MAX_BODY_BYTES
@@ -120,45 +120,6 @@ class ServerConfig(EngineSettings):
                 out += [f"--{f.name.replace('_', '-')}", str(v)]
         return out
 
-
-def load_model(preset: str, device: str = "auto", quantize: str | None = None) -> Any:
-    """The decoder to serve: the trained checkpoint for "tiny", random weights otherwise;
-    with `quantize` (a labkit.quant scheme) its linear layers' weights quantized."""
-    from labkit.device import pick
-    from labkit.model import Transformer, load_tiny
-
-    dev = pick(device)
-    if preset == "tiny":
-        model = load_tiny(device=dev).eval()
-    else:
-        print(f"labkit serve: preset {preset!r} has no trained checkpoint; serving random weights "
-              "(speed work only, the text is noise)", flush=True)
-        model = Transformer.from_preset(preset, device=dev)
-    if quantize is not None:
-        from labkit.quant.linear import quantize_model
-
-        model = quantize_model(model, quantize, inplace=True)
-    return model
-
-
-def trained_context() -> int | None:
-    """Sequence length the shipped tiny checkpoint was trained at (tokens), from data/tiny."""
-    try:
-        return json.loads((TINY / "config.json").read_text())["training"]["seq_len"]
-    except (OSError, KeyError, ValueError):
-        return None
-
-
-def check_model(model: Any, preset: str, max_model_len: int) -> None:
-    """ValueError if `model` cannot serve `max_model_len` tokens; a note if the tiny checkpoint was
-    trained on fewer."""
-    if max_model_len > model.config.max_seq_len:
-        raise ValueError(f"max_model_len {max_model_len} exceeds the {preset} model's context "
-                         f"({model.config.max_seq_len} tokens); allowed 1..{model.config.max_seq_len}")
-    ctx = trained_context() if preset == "tiny" else None
-    if ctx and max_model_len > ctx:
-        print(f"labkit serve: max_model_len {max_model_len} is past the {ctx}-token context the tiny "
-              "checkpoint was trained at; RoPE runs there, but text quality drops", flush=True)
 
 
 def build(cfg: ServerConfig):
@@ -312,16 +273,6 @@ class ServerHandle:
         self.stop()
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM it when the process that started it dies (a notebook
-    kernel killed mid-cell must not leave a server behind). Linux only (prctl PR_SET_PDEATHSIG)."""
-    import ctypes
-
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
 
 def start_server(cfg: ServerConfig, timeout_s: float = 60.0) -> ServerHandle:
     """Start `python -m labkit.serve` with `cfg` in a child process; return once GET /health
@@ -333,7 +284,7 @@ def start_server(cfg: ServerConfig, timeout_s: float = 60.0) -> ServerHandle:
     with open(log_path, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "labkit.serve", *cfg.to_args(), "--port-file", str(port_file)],
                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+                                preexec_fn=die_with_parent if sys.platform == "linux" else None)
     deadline = time.monotonic() + timeout_s
     handle = None
     while time.monotonic() < deadline:
