@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from labkit.device import threads as torch_threads
 from labkit.presets import RUN_SIZES
 
 # Every bench module, in the order `labkit bench all` runs them (cheap ones first).
@@ -188,11 +189,9 @@ def session(args: argparse.Namespace) -> Iterator[Session]:
     (then rc 1 and the error in the summary). While it runs, LABKIT_DEVICE names the
     resolved device, so a `labkit serve` the bench starts ("--device auto") runs on the
     bench's device, not on whichever device that child would pick (a GPU, for a CPU bench)."""
-    from labkit.bench import threads as _threads
-
     bench = args._bench
     t0 = time.perf_counter()
-    with _threads(args.threads), _device_env(resolve_device(args.device, args._devices)) as dev:
+    with torch_threads(args.threads), _device_env(resolve_device(args.device, args._devices)) as dev:
         s = Session(bench, args, dev)
         try:
             yield s

@@ -16,6 +16,7 @@ absence becomes a `False` plus a one-line reason.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
 import importlib.util
@@ -24,7 +25,7 @@ import platform
 import shutil
 import threading
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import psutil
 import torch
@@ -32,6 +33,38 @@ import torch
 from labkit.plots import axes
 
 DEVICE_CHOICES = ("auto", "cuda", "mps", "cpu")
+
+
+def _check_threads(n: int) -> int:
+    """`n` if it is a sensible torch intra-op thread count here, else ValueError naming the range."""
+    top = (os.cpu_count() or 1) * 4
+    if not isinstance(n, int) or not 1 <= n <= top:
+        raise ValueError(f"threads={n!r} not allowed; choose an integer between 1 and {top}")
+    return n
+
+
+@contextlib.contextmanager
+def threads(n: int | None) -> Iterator[int]:
+    """Run the block with torch using `n` intra-op threads (None: leave as is); the thread count
+    before it comes back after, whatever the block raised. Yields the count in use."""
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(_check_threads(n))
+    try:
+        yield torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+
+
+def use_threads(n: int | None) -> int:
+    """Set torch's intra-op threads to `n` for the rest of the process (None: leave torch's
+    default, all cores): for a program or a notebook that runs at one setting throughout; a
+    block that must give the setting back uses `threads`. One thread on a shared machine avoids
+    OpenMP barriers waiting for a descheduled thread, which can make a small model's decode step
+    10x slower (see labkit.fusion.decode). Returns the thread count in use."""
+    if n is not None:
+        torch.set_num_threads(_check_threads(n))
+    return torch.get_num_threads()
 
 
 def pick(device: str | torch.device | None = "auto") -> torch.device:

@@ -13,13 +13,13 @@ import contextlib
 import dataclasses
 import datetime as _dt
 import json
-import os
 from pathlib import Path
 from typing import Any, Iterator
 
 import torch
 
 from labkit import device as _device
+from labkit.device import threads  # noqa: F401  (labkit.bench.threads: the one thread setter, re-exported)
 from labkit import timing
 from labkit.bench import zoo
 
@@ -112,20 +112,6 @@ def fingerprint(device: torch.device | str | None = None) -> dict[str, Any]:
         "llc_bytes": last_level_cache_bytes(device), "python_version": info.python_version,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
-
-
-@contextlib.contextmanager
-def threads(n: int | None) -> Iterator[int]:
-    """Run the block with torch using `n` intra-op threads (None: leave as is)."""
-    before = torch.get_num_threads()
-    if n is not None:
-        if not 1 <= n <= (os.cpu_count() or 1) * 4:
-            raise ValueError(f"threads={n} must be between 1 and {(os.cpu_count() or 1) * 4}")
-        torch.set_num_threads(n)
-    try:
-        yield torch.get_num_threads()
-    finally:
-        torch.set_num_threads(before)
 
 
 @contextlib.contextmanager

@@ -24,6 +24,7 @@ import statistics
 import time
 from typing import Any
 
+from labkit.device import threads
 from labkit import benchkit, presets
 
 ENGINES = ("proc", "inproc")
@@ -41,7 +42,6 @@ def trace(size: str, seed: int) -> list[Any]:
 def run_alone(specs: list[Any], batch: int, device: str = "cpu") -> dict[str, float]:
     """`specs` through the server's engine in this process (1 torch thread, as `labkit serve`) on
     `device`, `batch` at a time, each prompt tokenized as the server would: wall time (s) and steps."""
-    from labkit.bench import threads
     from labkit.model import load_tiny
     from labkit.serve.engine import Engine, EngineConfig
     from labkit.tokenizer import load_tokenizer

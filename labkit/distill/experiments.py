@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from labkit.device import threads as torch_threads
 from labkit import presets
 from labkit.distill.cost import distillation_cost, training_flops
 from labkit.distill.trainer import KDConfig, new_student, student_config, train_student
@@ -148,7 +149,6 @@ def prune_jumps(step_rows: list[dict]) -> dict[str, float]:
 def distilled(size: str = "smoke") -> dict[str, Any]:
     """One `distill_vs_scratch` run at `size` (the preset's student
     and budget), shared by C13 and C14 in one process, plus the data and budget it used."""
-    from labkit.bench.core import threads
     from labkit.data import corpus_ids
     from labkit.model import load_tiny
 
@@ -156,7 +156,7 @@ def distilled(size: str = "smoke") -> dict[str, Any]:
     budget = budget_from_params(P)
     valid, train = corpus_ids("valid"), corpus_ids("train", max_chars=P["train_chars"])
     tiny = load_tiny()
-    with threads(P["threads"]):
+    with torch_threads(P["threads"]):
         cmp = distill_vs_scratch(tiny, train, valid, budget.distill, budget.student_overrides, budget.kd,
                                  P["ppl_windows"])
     return {"P": P, "budget": budget, "valid": valid, "train": train, "teacher": tiny, "cmp": cmp}
@@ -176,10 +176,8 @@ def measure_c14_decode(teacher: Any, student: Any, repeat: int = 10, rounds: int
     """Decode tokens/s (batch 1, best of `rounds` interleaved rounds) of the fp32 `teacher`, its
     int8 + compiled version and the smaller `student`, on `threads` torch threads. Returns
     (speeds, failure): without a working compiler "quant+fuse" is missing and `failure` says why."""
-    from labkit.bench.core import threads as _threads
-
     models, failure = {"teacher": teacher, "student": student}, ""
-    with _threads(threads):
+    with torch_threads(threads):
         try:
             qf = quant_fused(teacher)
             decode_speeds({"qf": qf}, repeat=1, rounds=1)  # compiles now, outside the timed rounds

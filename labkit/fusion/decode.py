@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from labkit.device import threads as torch_threads
 from labkit.fusion.count import compile_counted, count_ops
 from labkit.timing import time_decode_steps
 
@@ -74,9 +75,7 @@ class DecodeBench:
         of each; on a shared machine where another process holds a core, every barrier
         waits for a descheduled thread and a compiled step can be 10x slower than eager.
         One thread measures the overhead story without that scheduling noise."""
-        from labkit.bench.core import threads as _threads
-
-        with _threads(threads):
+        with torch_threads(threads):
             return self._run(variant, batches, repeat)
 
     def _run(self, variant: str, batches: list[int], repeat: int) -> list[DecodeResult]:

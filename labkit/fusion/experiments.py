@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 import torch
 
+from labkit.device import threads as torch_threads
 from labkit.fusion import count, decode, elementwise, memory, overhead
 
 
@@ -104,13 +105,12 @@ def measure_c7(numel: int, device: Any = "cpu", repeat: int = 5, rounds: int = 5
     machine). Raises whatever torch.compile raises when no compiler works."""
     import torch
 
-    from labkit.bench.core import threads as _threads
     from labkit.fusion import count, elementwise
     from labkit.timing import measure
 
     dev = torch.device(device)
     out: dict[str, dict[str, float]] = {}
-    with _threads(threads if dev.type == "cpu" else None), torch.inference_mode():
+    with torch_threads(threads if dev.type == "cpu" else None), torch.inference_mode():
         for chain in elementwise.CHAINS:
             fn = elementwise.REFERENCES[chain]
             args = elementwise.make_inputs(chain, numel, device=dev)

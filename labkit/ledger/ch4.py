@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from labkit.device import threads
 from labkit import presets
 from labkit.distill import experiments as dx
 from labkit.presets import MIN_REPEAT, MIN_ROUNDS
@@ -90,7 +91,6 @@ def judge_c10(prediction: Prediction, rows: list[dict], batch: int = 1) -> Verdi
 def run_c10(size: str = "smoke", device: Any = None) -> Verdict:
     """C10 for `labkit ledger`: decode of the preset's random-init model per weight format (CPU
     kernels; one thread in smoke)."""
-    from labkit.bench.core import threads
     from labkit.quant import experiments as qx
 
     P = presets.sizes("quantization", size, device or "cpu")
@@ -181,7 +181,6 @@ def judge_c11(prediction: Prediction, ppl: Mapping[str, float], kept: int | None
 def run_c11(size: str = "smoke", device: Any = None) -> Verdict:
     """C11 for `labkit ledger`: perplexities of the trained tiny checkpoint (`c11_perplexities`),
     one thread in smoke."""
-    from labkit.bench.core import threads
     from labkit.data import corpus_ids
     from labkit.model import load_tiny
     from labkit.quant import experiments as qx
@@ -247,7 +246,6 @@ def c12_speedups(rows: list[dict], sparsity: float) -> tuple[float, float, float
 def run_c12(size: str = "smoke", device: Any = None) -> Verdict:
     """C12 for `labkit ledger`: decode speed at the preset's first sparsity, dense vs kept dense /
     CSR / structured."""
-    from labkit.bench.core import threads
     from labkit.model import ModelConfig, Transformer
     from labkit.prune import experiments as px
 
@@ -297,7 +295,6 @@ def judge_c13(prediction: Prediction, final_ppl: Mapping[str, float], claimed: s
 def run_c13(size: str = "smoke", device: Any = None) -> Verdict:
     """C13 for `labkit ledger`: every preset order from the tiny teacher (the D step shared with C14
     via `distilled`)."""
-    from labkit.bench.core import threads
     from labkit.distill.order import run_order, summary
 
     d = dx.distilled(size)

@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from labkit.device import threads
 from labkit import presets
 from labkit.loadgen import experiments as lx
 from labkit.serve import experiments as sx
@@ -140,7 +141,6 @@ def judge_c16(prediction: Prediction, alone_p99_s: float, fifo_p99_s: float, pri
 
 
 def run_c16(size: str = "smoke", device: Any = None) -> Verdict:
-    from labkit.bench.core import threads
     from labkit.model import load_tiny
 
     with threads(1):  # the engine's steps on one thread; the caller's setting comes back after
@@ -232,8 +232,6 @@ def c17_setup(size: str = "smoke") -> tuple[Prediction, dict[str, Any]]:
 
 
 def run_c17(size: str = "smoke", device: Any = None) -> Verdict:
-    from labkit.bench.core import threads
-
     with threads(1):  # the caller's thread count comes back after
         pred, setup = c17_setup(size)
         m = sx.c17_measure(setup)

@@ -22,18 +22,8 @@ from labkit.prune.recover import RecoveryBudget, recover
 from labkit.prune.semistructured import prune_24
 from labkit.prune.structured import prune_structured
 from labkit.prune.unstructured import prune_unstructured, smallest_k_mask
+from labkit.device import use_threads
 from labkit.timing import decode_tok_s, measure
-
-
-def use_threads(n: int | None) -> int:
-    """Use `n` torch intra-op threads (None: leave torch's default, all cores). One thread on a
-    shared machine avoids OpenMP barriers waiting for a descheduled thread, which can make a
-    small model's decode step 10x slower (see labkit.fusion.decode). Returns the thread count in use."""
-    if n is not None:
-        if n < 1:
-            raise ValueError(f"threads={n} must be >= 1")
-        torch.set_num_threads(n)
-    return torch.get_num_threads()
 
 
 def bench_sizes(size: str, threads: int | None) -> dict:

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from labkit.device import threads
 from labkit import presets
 
 
@@ -301,7 +302,6 @@ def trace_c18(encoder: Any, chosen: dict[str, Any], size: str = "smoke", model: 
     """`measure_c18_trace` on the held-out pairs with the trained tiny model (one torch thread;
     48 new tokens per answer, the mean output of chapter 6's chat traffic; full: 128);
     None when no threshold was chosen."""
-    from labkit.bench.core import threads
     from labkit.model import load_tiny
     from labkit.serve import cache_eval as cb
     from labkit.tokenizer import load_tokenizer
