@@ -3,7 +3,8 @@
 * `measure(fn)` times a callable: CUDA events on a GPU (with a synchronize before
   and after, so queued work is neither missed nor counted twice), `perf_counter_ns`
   on CPU. It returns a `Stats` in **seconds**.
-* `percentile()` is numpy's default ("linear") definition, written out.
+* `percentile()` (from `labkit.stats`): numpy's default ("linear") definition, inf for samples
+  that never finished; the one percentile labkit computes with.
 * `time_decode_steps(model, cache, ...)` times decode steps over a fixed context (the
   cache is rewound before every call); `decode_tok_s(model)` is decode throughput.
 * `Spans` times the phases of a request path: ``with spans("preprocess"): ...``,
@@ -25,6 +26,7 @@ import torch
 
 from labkit import device as _device
 from labkit.plots import axes
+from labkit.stats import percentile
 
 
 def quiet_profiler() -> None:
@@ -34,22 +36,6 @@ def quiet_profiler() -> None:
     first ``torch.profiler.profile``; 6 = its highest level, errors only above it. A value
     the user set stays."""
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")
-
-
-def percentile(samples: Sequence[float], q: float) -> float:
-    """The q-th percentile (0 ≤ q ≤ 100) with linear interpolation between order statistics.
-
-    Same definition as ``numpy.percentile(samples, q)``: sort, take the fractional rank
-    r = q/100 · (n − 1), and interpolate between the two neighbouring values.
-    """
-    if len(samples) == 0:
-        raise ValueError("percentile of an empty sequence is undefined; pass at least one sample")
-    if not 0 <= q <= 100:
-        raise ValueError(f"percentile q must be in [0, 100], got {q!r}")
-    xs = sorted(float(x) for x in samples)
-    rank = q / 100 * (len(xs) - 1)
-    lo, hi = math.floor(rank), math.ceil(rank)
-    return xs[lo] + (xs[hi] - xs[lo]) * (rank - lo)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,6 +17,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from labkit.stats import percentile
+
 Measure = Callable[[float], "np.ndarray | tuple[np.ndarray, float]"]
 
 
@@ -32,16 +34,6 @@ class Probe:
     meets: bool
     confidence: float
     n: int
-
-
-_NEVER = np.finfo(float).max  # stands in for a request that never completed (inf) inside percentiles
-
-
-def percentile(e2e_s: np.ndarray, q: float = 99.0, axis: int | None = None) -> Any:
-    """`np.percentile` (linear) of E2E times (s) where inf marks a request that never completed:
-    a percentile that lands among those is inf (numpy's interpolation would give NaN there)."""
-    p = np.percentile(np.where(np.isfinite(e2e_s), e2e_s, _NEVER), q, axis=axis)
-    return np.where(p >= _NEVER / 2, np.inf, p) if axis is not None else (math.inf if p >= _NEVER / 2 else float(p))
 
 
 def p99_confidence(e2e_s: np.ndarray, target_s: float, q: float = 99.0, n_boot: int = 2000,
