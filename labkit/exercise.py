@@ -21,6 +21,9 @@ import math
 import os
 from typing import Any, Callable, Mapping
 
+from labkit.knee import first_past
+from labkit.stats import safe_threshold
+
 Ctx = Mapping[str, Any]
 
 
@@ -75,15 +78,10 @@ def _evaluated(answer: Any, ctx: Ctx) -> str:
 
 def _safe_threshold(ctx: Ctx) -> float:
     """Lowest threshold from which every higher threshold that still hits keeps precision >= target."""
-    best = None
-    for row in sorted(ctx["rows"], key=lambda r: -r["threshold"]):
-        if row["hits"] and row["precision"] < ctx["target"]:
-            break
-        if row["true_hits"]:
-            best = row["threshold"]
+    best = safe_threshold(ctx["rows"], ctx["target"])
     if best is None:
         raise ValueError(f"no threshold keeps hit precision >= {ctx['target']:.0%}")
-    return best
+    return best["threshold"]
 
 
 def _row_at(ctx: Ctx, t: float) -> dict:
@@ -108,12 +106,11 @@ def _threshold_detail(answer: Any, ctx: Ctx) -> str:
 
 def _knee_level(ctx: Ctx) -> float:
     """The ledger's knee: the first level whose p99 E2E exceeds `factor` x the lightest's."""
-    p99 = dict(sorted(ctx["p99_by_level"].items()))
-    base = next(iter(p99.values()))
-    past = [lvl for lvl, p in list(p99.items())[1:] if p > ctx["factor"] * base]
-    if not past:
+    k = first_past([{"level": lvl, "e2e": {"p99": p}} for lvl, p in ctx["p99_by_level"].items()], "level",
+                   ctx["factor"])
+    if k is None:
         raise ValueError("no level passed the bound: the sweep has no knee")
-    return past[0]
+    return k["level"]
 
 
 def _same_level(answer: Any, ref: Any, ctx: Ctx) -> bool:

@@ -1,7 +1,9 @@
 """Statistics of measured samples, torch-free (the load generator's processes import it too).
 
 * `percentile()`: numpy's default ("linear") definition, inf for samples that never finished;
-  the one percentile labkit computes with (`labkit.timing.percentile` is this function).
+  the one percentile labkit computes with (`labkit.timing.percentile` is this function);
+* `safe_threshold()`: from a threshold sweep's rows, the lowest threshold from which hit
+  precision stays at a target (the semantic cache's threshold, C18).
 """
 
 from __future__ import annotations
@@ -31,3 +33,16 @@ def percentile(samples: Any, q: float, axis: int | None = None) -> Any:
     if axis is not None:
         return np.where(p >= _NEVER / 2, np.inf, p)
     return math.inf if p >= _NEVER / 2 else float(p)
+
+
+def safe_threshold(rows: list[dict], precision: float = 0.99) -> dict | None:
+    """The row of the lowest threshold from which every higher threshold that still hits keeps
+    hit precision >= `precision` (precision is not monotone in the threshold, so "the first
+    threshold that reaches it" could be a lucky dip). None if no threshold with hits does."""
+    best = None
+    for row in sorted(rows, key=lambda r: -r["threshold"]):
+        if row["hits"] and row["precision"] < precision:
+            break
+        if row["true_hits"]:
+            best = row
+    return best

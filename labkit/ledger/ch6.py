@@ -14,7 +14,7 @@ from typing import Any, Sequence
 from labkit import presets
 from labkit.loadgen import experiments as lx
 from labkit.ledger.verdict import Prediction, Verdict, decide, inconclusive, settle, simulated
-from labkit.sim.sweep import first_past
+from labkit.knee import first_past
 
 # C19: "a 30 % better mean can come with a 5 % better p99". The larger of the two relative
 # changes must reach MOVE (the configurations really differ), and the two must move

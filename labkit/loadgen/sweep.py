@@ -5,7 +5,7 @@ or open loop over offered rate (requests/s), and returns one `summarize` row per
 "level" (as asked) and "concurrency" or "rate" (the rate the plan really offered) added.
 The knee is judged like the simulator's (`labkit.sim.sweep`):
 
-* over **rate**: `labkit.sim.sweep.knee` itself: the highest offered rate at which
+* over **rate** (`labkit.knee.last_inside`, as the simulator's): the highest offered rate at which
   throughput is still ≥ `keep_up` × offered and p99 E2E ≤ `factor` × its lightest-load value;
 * over **concurrency**: a closed loop always "keeps up" (it only sends when answered), so
   only the latency half applies: the highest concurrency whose p99 E2E is ≤ `factor` × the
@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 from labkit.loadgen.arrivals import RequestSpec
 from labkit.loadgen.client import Target, run_load
 from labkit.loadgen.summary import SLO
-from labkit.sim import sweep as simsweep
+from labkit.knee import last_inside
 
 AXES = ("concurrency", "rate")
 
@@ -56,19 +56,8 @@ def offered_rate(specs: Sequence[RequestSpec]) -> float:
 
 def knee(rows: Sequence[dict[str, Any]], axis: str = "concurrency", factor: float = 2.0, keep_up: float = 0.9,
          metric: str = "e2e", q: str = "p99") -> dict[str, Any] | None:
-    """The sweep row at the knee (see module doc), or None if even the lightest level fails."""
-    if axis == "rate":
-        return simsweep.knee(rows, factor, keep_up, metric, q)
-    if axis != "concurrency":
+    """The sweep row at the knee (see module doc: `labkit.knee.last_inside`), or None if even the
+    lightest level fails."""
+    if axis not in AXES:
         raise ValueError(f"sweep axis {axis!r} unknown; choose one of {', '.join(AXES)}")
-    if factor <= 1:
-        raise ValueError(f"need factor > 1, got {factor}")
-    rows = sorted(rows, key=lambda r: r["concurrency"])
-    base = rows[0][metric][q]
-    best = None
-    for r in rows:
-        if r[metric][q] <= factor * base and (best is None or r["throughput_rps"] > best["throughput_rps"]):
-            best = r
-        else:
-            break
-    return best
+    return last_inside(rows, axis, factor, keep_up, metric, q)

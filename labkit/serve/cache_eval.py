@@ -26,6 +26,7 @@ import numpy as np
 from labkit import timing
 from labkit.paths import DATA
 from labkit.plots import axes, place_labels
+from labkit.stats import safe_threshold
 from labkit.serve import guard
 from labkit.serve.cache import normalize_prompt
 from labkit.serve.embed import Encoder
@@ -71,18 +72,6 @@ def sweep(scores: np.ndarray, same: np.ndarray, allowed: np.ndarray | None = Non
                          false_hit_rate=false_hits / (~same).sum()))
     return rows
 
-
-def safe_threshold(rows: list[dict], precision: float = 0.99) -> dict | None:
-    """The row of the lowest threshold from which every higher threshold that still hits keeps
-    hit precision >= `precision` (precision is not monotone in the threshold, so "the first
-    threshold that reaches it" could be a lucky dip). None if no threshold with hits does."""
-    best = None
-    for row in sorted(rows, key=lambda r: -r["threshold"]):
-        if row["hits"] and row["precision"] < precision:
-            break
-        if row["true_hits"]:
-            best = row
-    return best
 
 
 def at(rows: list[dict], threshold: float) -> dict:

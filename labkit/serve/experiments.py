@@ -18,6 +18,7 @@ import numpy as np
 
 from labkit.device import threads
 from labkit import presets
+from labkit.stats import safe_threshold
 
 
 def engine_step_times(model: Any, batches: Sequence[int] = (1, 8), prompt: int = 64, steps: int = 24,
@@ -213,7 +214,7 @@ def choose_c18(encoder: Any, precision: float = 0.99) -> dict[str, Any]:
     best = None
     for name, allowed in (("cosine", None), ("guarded", ev["allowed"])):
         rows = cb.sweep(ev["scores"][m], ev["same_mask"][m], None if allowed is None else allowed[m])
-        safe = cb.safe_threshold(rows, precision)
+        safe = safe_threshold(rows, precision)
         if safe and (best is None or safe["true_hits"] > best[1]["true_hits"]):
             best = (name, safe)
     out: dict[str, Any] = {"encoder": encoder.name, "variant": None, "threshold": None}
