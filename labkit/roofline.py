@@ -19,13 +19,14 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from labkit import dtypes
 from labkit.paths import DATA
 from labkit.plots import axes, caption, place_labels, tidy_log_axes
 
 HARDWARE_CSV = DATA / "hardware.csv"
 DTYPE_COLUMNS = {"fp32": "fp32_tflops", "tf32": "tf32_tflops", "bf16": "bf16_tflops",
                  "fp16": "fp16_tflops", "int8": "int8_tops"}
-DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "int8": 1}
+DTYPE_BYTES = dtypes.BYTES  # bytes per element: labkit.dtypes
 
 
 # ------------------------------------------------------------------------------ ceilings
@@ -272,15 +273,13 @@ def layer_costs(cfg: DecoderShape, roof: Roofline, phase: str, *, batch: int = 1
 
     prefill: `batch` prompts of `seq_len` tokens (causal attention, fused: no S×S scores
     in memory). decode: `batch` sequences each generating one token with `context` tokens
-    in the KV cache. Weights, activations and KV are `dtype` (bytes from DTYPE_BYTES).
+    in the KV cache. Weights, activations and KV are `dtype` (bytes from `labkit.dtypes`).
     Activation bytes count each op's input read and output written once (unfused ops).
     """
     if phase not in ("prefill", "decode"):
         raise ValueError(f"phase must be 'prefill' or 'decode', got {phase!r}")
-    if dtype not in DTYPE_BYTES:
-        raise ValueError(f"dtype {dtype!r} unknown; choose one of {', '.join(DTYPE_BYTES)}")
     _positive(batch=batch, seq_len=seq_len, context=context)
-    b = DTYPE_BYTES[dtype]
+    b = dtypes.nbytes(dtype)
     d, hd, H, Hkv, ff, L = cfg.d_model, cfg.head_dim, cfg.heads, cfg.kv_heads, cfg.d_ff, cfg.layers
     T = batch * (seq_len if phase == "prefill" else 1)  # tokens in this step
     kv_len = seq_len if phase == "prefill" else context
@@ -367,7 +366,7 @@ def skinny_point(roof: Roofline, batch: int, d_in: int, d_out: int, dtype: str =
     batching B requests moves the point right by ~B× until it meets the ridge.
     """
     _positive(batch=batch, d_in=d_in, d_out=d_out)
-    b = DTYPE_BYTES[dtype]
+    b = dtypes.nbytes(dtype)
     flops = 2 * batch * d_in * d_out
     nbytes = (batch * d_in + d_in * d_out + batch * d_out) * b
     return {"batch": batch, "flops": flops, "bytes": nbytes, **assess(roof, flops, nbytes, dtype=dtype)}

@@ -26,17 +26,15 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-DTYPES: dict[str, torch.dtype] = {
-    "fp64": torch.float64, "fp32": torch.float32, "tf32": torch.float32,
-    "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.int8,
-}
+from labkit import dtypes
+
+# The formats the kernels run in, by labkit's names (labkit.dtypes), as torch dtypes.
+DTYPES: dict[str, torch.dtype] = {n: dtypes.torch_dtype(n) for n in ("fp64", "fp32", "tf32", "bf16", "fp16", "int8")}
 
 
 def itemsize(dtype: str) -> int:
-    """Bytes per element of a labkit dtype name ('fp32', 'bf16', ...)."""
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
-    return torch.empty((), dtype=DTYPES[dtype]).element_size()
+    """Bytes per element of a labkit dtype name ('fp32', 'bf16', ...) the kernels run in."""
+    return dtypes.BYTES[dtypes.check(dtype, DTYPES)]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,12 +7,13 @@ import argparse
 import re
 import time
 
+from labkit import benchkit, paths
+from labkit.bench import suites
+
 
 def run_all(args: argparse.Namespace) -> int:
     """Every bench module in its own process; one JSON for this machine (see
     data/results/README.md). Exit status 1 if any bench failed."""
-    from labkit import benchkit, paths
-
     machine_name = getattr(args, "machine", None)
     if machine_name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", machine_name):
         raise ValueError(f"--machine {machine_name!r} not allowed: letters, digits, '.', '_' and '-' only "
@@ -40,7 +41,6 @@ def main(args: argparse.Namespace) -> int:
         from labkit.benches import check
 
         return check.main([])
-    from labkit.bench import suites
 
     t0 = time.perf_counter()
     report = suites.run(args.size, args.device,

@@ -15,6 +15,7 @@ import torch
 
 from labkit import benchkit, presets
 from labkit.data import corpus_ids
+from labkit.model import load_tiny, perplexity
 from labkit.model.kv_memory import kv_bytes_per_token
 from labkit.serve.kv_capacity import decode_speed, format_runs, mixed_workload, run
 
@@ -39,8 +40,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def body(size: str) -> dict:
     """Paged vs max-length reservation, block sizes, int8 KV; returns every figure."""
-    from labkit.model import load_tiny, perplexity
-
     P = presets.sizes("kv_cache", size)  # the sizes notebook 07 uses
     torch.manual_seed(0)
     model = load_tiny()

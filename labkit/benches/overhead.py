@@ -24,8 +24,15 @@ import statistics
 import time
 from typing import Any
 
-from labkit.device import threads
 from labkit import benchkit, presets
+from labkit.device import threads
+from labkit.loadgen import arrivals
+from labkit.loadgen import experiments as ex
+from labkit.loadgen.client import Target, run_load
+from labkit.model import load_tiny
+from labkit.serve.engine import Engine, EngineConfig
+from labkit.serve.metrics import sample
+from labkit.tokenizer import load_tokenizer
 
 ENGINES = ("proc", "inproc")
 WAYS = ("alone", *(f"{e} {s}" for e in ENGINES for s in ("streaming", "non-streaming")))
@@ -33,8 +40,6 @@ WAYS = ("alone", *(f"{e} {s}" for e in ENGINES for s in ("streaming", "non-strea
 
 def trace(size: str, seed: int) -> list[Any]:
     """The closed-loop requests of one run (`labkit.loadgen.arrivals.RequestSpec`)."""
-    from labkit.loadgen import arrivals
-
     P = presets.sizes("serve_overhead", size)
     return arrivals.closed_loop(P["requests"], prompt_len=P["prompt"], output_len=P["output"], seed=seed)
 
@@ -42,10 +47,6 @@ def trace(size: str, seed: int) -> list[Any]:
 def run_alone(specs: list[Any], batch: int, device: str = "cpu") -> dict[str, float]:
     """`specs` through the server's engine in this process (1 torch thread, as `labkit serve`) on
     `device`, `batch` at a time, each prompt tokenized as the server would: wall time (s) and steps."""
-    from labkit.model import load_tiny
-    from labkit.serve.engine import Engine, EngineConfig
-    from labkit.tokenizer import load_tokenizer
-
     tok, model = load_tokenizer(), load_tiny(device=device)
     eng = Engine(model, EngineConfig(policy="continuous", max_batch=batch, max_queue=len(specs), block_size=16,
                                      max_model_len=512, eos_id=tok.eos_id))
@@ -67,10 +68,6 @@ def run_alone(specs: list[Any], batch: int, device: str = "cpu") -> dict[str, fl
 def run_served(specs: list[Any], batch: int, stream: bool, engine: str = "proc", device: str = "cpu") -> dict[str, float]:
     """`specs` against `labkit serve --engine ENGINE --device DEVICE` (max_batch `batch`) by `batch`
     closed-loop users: wall time (s) and the server's engine steps."""
-    from labkit.loadgen import experiments as ex
-    from labkit.loadgen.client import Target, run_load
-    from labkit.serve.metrics import sample
-
     with ex.serve("continuous", max_batch=batch, engine=engine, device=device) as srv:
         target = Target(srv.url, stream=stream)
         run_load(target, specs[:batch], users=batch)  # connections open, code paths warm

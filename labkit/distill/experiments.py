@@ -11,15 +11,17 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from labkit.device import threads as torch_threads
 from labkit import presets
+from labkit.data import corpus_ids
+from labkit.device import threads as torch_threads
 from labkit.distill.cost import distillation_cost, training_flops
 from labkit.distill.trainer import KDConfig, new_student, student_config, train_student
-from labkit.model import ModelConfig, Transformer, perplexity
+from labkit.model import ModelConfig, Transformer, load_tiny, perplexity
 from labkit.paths import TINY
 from labkit.presets import MIN_ROUNDS
+from labkit.prune.recover import RecoveryBudget
+from labkit.quant import model_bytes, quantize_model
 from labkit.timing import decode_tok_s
-from labkit.quant import model_bytes
 from labkit.train import TrainConfig
 
 
@@ -108,7 +110,6 @@ def budget_from_params(P: dict):
     """The chapter's `OrderBudget` (student training, recovery, KD loss, shapes, windows)
     from its preset block (`labkit.presets.SIZES["pruning"][size]`)."""
     from labkit.distill.order import OrderBudget
-    from labkit.prune.recover import RecoveryBudget
 
     return OrderBudget(distill=student_budget(**P["distill"]), recovery=RecoveryBudget(**P["recovery"]),
                        kd=KDConfig(**P["kd"]), student_overrides=dict(P["student_overrides"]),
@@ -123,8 +124,6 @@ def pareto_variants(teacher: Transformer, pruned_rows: list[dict], students: dic
     (rows of ``labkit.prune.experiments.accuracy_rows(..., keep_models=True)``; the
     weight-magnitude structured rows are left out, activation importance dominates them),
     the `students` and the final model of each order in `finals`."""
-    from labkit.quant import quantize_model
-
     out = {"teacher fp32": ("baseline", teacher)}
     out.update({f"teacher {s}": ("quantization", quantize_model(teacher, s)) for s in schemes})
     for r in pruned_rows:
@@ -149,9 +148,6 @@ def prune_jumps(step_rows: list[dict]) -> dict[str, float]:
 def distilled(size: str = "smoke") -> dict[str, Any]:
     """One `distill_vs_scratch` run at `size` (the preset's student
     and budget), shared by C13 and C14 in one process, plus the data and budget it used."""
-    from labkit.data import corpus_ids
-    from labkit.model import load_tiny
-
     P = presets.sizes("pruning", size)
     budget = budget_from_params(P)
     valid, train = corpus_ids("valid"), corpus_ids("train", max_chars=P["train_chars"])
@@ -164,8 +160,6 @@ def distilled(size: str = "smoke") -> dict[str, Any]:
 
 def quant_fused(model: Any) -> Any:
     """`model` with int8 weights and its decode step compiled (``torch.compile``, static shapes)."""
-    from labkit.quant import quantize_model
-
     q = quantize_model(model, "int8")
     q.compile_decode(dynamic=False)
     return q

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 
+from labkit.bench import read_copy_bandwidth
 from labkit.device import threads as torch_threads
 from labkit.fusion import count, decode, elementwise, memory, overhead
-
+from labkit.model import Transformer, load_tiny
+from labkit.timing import measure
 
 # Widths (elements) of the op the fixed cost is fitted over: from nearly no work to enough
 # that the work shows (fp32, up to 128 KiB: in cache, one thread, so the slope is work alone).
@@ -30,8 +33,6 @@ def fixed_cost_fit(device: Any = "cpu", widths: Sequence[int] = C6_WIDTHS, ops: 
     """Seconds per eager op (`overhead.per_op_cost_s`: mul, add, sin) at each width, the best of
     `rounds` interleaved rounds, and the least-squares line time = intercept + slope x elements.
     The intercept (s) is the fixed cost an op pays whatever its work."""
-    import numpy as np
-
     from labkit.fusion import overhead
 
     best = {w: float("inf") for w in widths}
@@ -49,8 +50,6 @@ def fixed_cost_fit(device: Any = "cpu", widths: Sequence[int] = C6_WIDTHS, ops: 
 def decode_step(model: Any, context: int = 32) -> Any:
     """A callable running one batch-1 decode step of `model` at `context` tokens (the cache
     rewound each call, so every call does the same work)."""
-    import torch
-
     cache = model.new_cache(1, context + 8)
     with torch.inference_mode():
         model.prefill(torch.ones(1, context, dtype=torch.long, device=model.device), cache)
@@ -74,10 +73,7 @@ def measure_c6(n_ops: int, device: Any = "cpu", repeat: int = 20) -> dict[str, f
     """Ops counted by the profiler and seconds of one `TinyOps(n_ops)` forward: the fastest of
     `repeat` (the chain notebook 03 shows; the verdict of `labkit ledger` times a real model
     step with `measure_c6_step`)."""
-    import torch
-
     from labkit.fusion import count, overhead
-    from labkit.timing import measure
 
     dev = torch.device(device)
     model, x = overhead.TinyOps(n_ops).to(dev), torch.ones(16, device=dev)
@@ -90,8 +86,6 @@ def measure_c6(n_ops: int, device: Any = "cpu", repeat: int = 20) -> dict[str, f
 def measure_c6_step(step: Any, device: Any = "cpu", repeat: int = 30) -> float:
     """Seconds of one call of `step` (`decode_step`): the fastest of `repeat`, the statistic the
     fit's per-op times use (the least disturbed run on a shared machine)."""
-    from labkit.timing import measure
-
     return measure(step, warmup=3, repeat=repeat, device=device).min
 
 
@@ -103,10 +97,7 @@ def measure_c7(numel: int, device: Any = "cpu", repeat: int = 5, rounds: int = 5
     max |error| vs eager. On a CPU torch runs on `threads` threads (see
     `labkit.fusion.decode.DecodeBench.run`: inductor's OpenMP barriers stall on a shared
     machine). Raises whatever torch.compile raises when no compiler works."""
-    import torch
-
     from labkit.fusion import count, elementwise
-    from labkit.timing import measure
 
     dev = torch.device(device)
     out: dict[str, dict[str, float]] = {}
@@ -132,8 +123,6 @@ def measure_c8(batch: int = 8, channels: int = 32, hw: int = 56, inputs: int = 3
     """A ConvBNReLU block with random BN statistics, eval mode, vs its folded and fused form
     (`labkit.fusion.fold.fold_and_fuse`) on `inputs` random inputs: the max relative error,
     and ops (kernels) per call of each."""
-    import torch
-
     from labkit.fusion import count, fold
 
     dev = torch.device(device)
@@ -157,8 +146,6 @@ def measure_c8(batch: int = 8, channels: int = 32, hw: int = 56, inputs: int = 3
 
 def tiny_ops_share(n_ops: int, dev: torch.device) -> dict[str, Any]:
     """C6: a TinyOps(n_ops) forward: counted ops, measured time, per-op overhead, share."""
-    from labkit.timing import measure
-
     model, x = overhead.TinyOps(n_ops).to(dev), torch.ones(16, device=dev)
     with torch.inference_mode():
         ops = count.count_ops(lambda: model(x), device=dev).ops
@@ -171,8 +158,6 @@ def tiny_ops_share(n_ops: int, dev: torch.device) -> dict[str, Any]:
 def chains(numel: int, dev: torch.device, repeat: int, triton_numel: int) -> dict[str, Any]:
     """C7 on memory-bound chains: every version's time, modelled bytes/s, kernels and error,
     the measured read/copy bandwidth, graph nodes, and the Triton check (interpreted on CPU)."""
-    from labkit.bench import read_copy_bandwidth
-
     # a fixed 256 MiB, far beyond any cache, whatever the chain size
     bw = read_copy_bandwidth(dev, nbytes=256 * 2**20, repeat=3)
     ok, why = elementwise.triton_available(dev)
@@ -194,8 +179,6 @@ def chains(numel: int, dev: torch.device, repeat: int, triton_numel: int) -> dic
 def decode_steps(p: dict[str, Any], dev: torch.device) -> list[decode.DecodeResult]:
     """C6/C7 on the decoder: decode step eager at `decode_batches`, compiled at
     `compile_batches` (and CUDA graphs on a GPU)."""
-    from labkit.model import Transformer, load_tiny
-
     name = p["decode_model"]
     model = (load_tiny() if name == "tiny" else Transformer.from_preset(name)).to(dev)
     bench = decode.DecodeBench(model, context=p["decode_context"], max_len=p["decode_context"] + 64)
@@ -209,7 +192,5 @@ def decode_steps(p: dict[str, Any], dev: torch.device) -> list[decode.DecodeResu
 
 def forward_memory(p: dict[str, Any], dev: torch.device) -> memory.ForwardPeak:
     """C9: peak memory of one forward of `mem_model` per autograd mode."""
-    from labkit.model import Transformer
-
     model = Transformer.from_preset(p["mem_model"], **p["mem_overrides"]).to(dev)
     return memory.forward_peaks(model, p["mem_batch"], p["mem_seq"])

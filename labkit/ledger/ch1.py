@@ -16,7 +16,12 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from labkit import bench, phases, pipeline, presets
+from labkit import device as _device
+from labkit.bench.dtypes import choose_dtypes
 from labkit.ledger.verdict import Prediction, Verdict, distance_from_range, inconclusive, settle
+from labkit.model import Transformer, load_tiny
+from labkit.timing import Spans
 
 # C1 tolerances. PARALLEL: a prompt token through prefill must cost <= 1/5 of a decode token
 # (a serial prefill would cost about the same). COMPUTE_SHARE: "compute-heavy" = prefill at
@@ -90,11 +95,6 @@ def judge_c1(prediction: Prediction, prefill: Sequence[Mapping[str, float]],
 def run_c1(size: str = "smoke", device: Any = None) -> Verdict:
     """C1 end to end with chapter 1's sizes (`presets` "prefill_decode"), each phase in the
     dtype this machine runs fastest (`choose_dtypes`), as notebook 01 does."""
-    from labkit import bench, phases, presets
-    from labkit import device as _device
-    from labkit.bench.dtypes import choose_dtypes
-    from labkit.model import Transformer
-
     dev = _device.pick(device or "auto")
     P = presets.sizes("prefill_decode", size, dev)
     dt = choose_dtypes(dev).dtypes()
@@ -156,9 +156,6 @@ def measure_c2(model: Any, queries: Sequence[str], max_new_tokens: int, n_docs: 
     interleaved query by query so that other work on the machine slows all paths alike
     (the claim compares their shares). Returns {path name: `pipeline.RequestPipeline`}, whose
     `.spans` hold this run's timings (s); `warmup` untimed requests per path first."""
-    from labkit import pipeline
-    from labkit.timing import Spans
-
     pipes = {name: pipeline.RequestPipeline(model, c, seed=seed)
              for name, c in pipeline.standard_configs(max_new_tokens, n_docs).items()}
     for pipe in pipes.values():
@@ -173,10 +170,6 @@ def measure_c2(model: Any, queries: Sequence[str], max_new_tokens: int, n_docs: 
 
 def run_c2(size: str = "smoke", device: Any = None) -> Verdict:
     """C2 end to end with chapter 1's sizes, on the trained tiny model."""
-    from labkit import pipeline, presets
-    from labkit import device as _device
-    from labkit.model import load_tiny
-
     dev = _device.pick(device or "auto")
     P = presets.sizes("prefill_decode", size, dev)
     pred = predict_c2()

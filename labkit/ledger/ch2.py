@@ -21,8 +21,11 @@ import math
 import os
 from typing import Any, Mapping, Sequence
 
-from labkit import presets
+from labkit import bench, phases, presets
+from labkit import device as _device
+from labkit.bench import counters, run_kernel, zoo
 from labkit.bench.counters import CounterReading
+from labkit.bench.experiments import intensity_sweep
 from labkit.ledger.verdict import Prediction, Verdict, decide, inconclusive, settle
 
 # C3: the GEMM must gain >= MIN_COMPUTE_GAIN x from the knob, or compute did not change
@@ -47,14 +50,10 @@ def _sizes(size: str, dev: Any) -> dict[str, Any]:
 
 def gemv_shape(dev: Any, dtype: str, P: Mapping[str, Any]) -> dict[str, int]:
     """The zoo's decode-like GEMV (m = 1), its weight `llc_multiple` x the last-level cache."""
-    from labkit import bench
-
     return next(s for n, s in bench.zoo_shapes(dev, dtype, P["llc_multiple"], dict(P)) if n == "gemm" and s["m"] == 1)
 
 
 def _intensity(shape: Mapping[str, int], dtype: str) -> float:
-    from labkit.bench import zoo
-
     k = zoo.get("gemm")
     return k.flops(**shape) / k.bytes(zoo.itemsize(dtype), **shape)
 
@@ -87,8 +86,6 @@ def c3_setup(device: Any, P: Mapping[str, Any]) -> dict[str, Any]:
     """What C3 runs on `device` with the chapter's sizes `P`: the knob (`compute_knob`: name,
     low and high settings; low/high None where there is none), the GEMM and GEMV shapes and
     the dtype (fp32 for the TF32 knob, which keeps fp32 storage on both sides)."""
-    from labkit import bench
-
     knob = compute_knob(device)
     dtype = "fp32" if device.type == "cuda" else bench.default_dtype(device)
     name, low, high = knob if knob else (f"more compute on {device.type}", None, None)
@@ -100,8 +97,6 @@ def measure_c3(device: Any, setup: Mapping[str, Any], rounds: int = 3) -> dict[s
     """Best-of-`rounds` seconds of the GEMM and the GEMV at both knob settings of `setup`
     (`c3_setup`), interleaved so that other work on a shared machine hits both alike;
     speed-ups = low-compute time / high-compute time. None where there is no knob."""
-    from labkit.bench import run_kernel
-
     if setup["low"] is None:
         return None
     best: dict[tuple[str, str], float] = {}
@@ -143,9 +138,6 @@ def judge_c3(prediction: Prediction, measured: Mapping[str, float] | None, knob:
 
 def run_c3(size: str = "smoke", device: Any = None) -> Verdict:
     """C3 end to end with chapter 2's sizes: the knob of `compute_knob`, prediction, timing, verdict."""
-    from labkit import phases
-    from labkit import device as _device
-
     dev = _device.pick(device or "auto")
     setup = c3_setup(dev, _sizes(size, dev))
     ridge = phases.measure_roofline(dev, setup["dtype"]).ridge(setup["dtype"]) if setup["low"] else math.nan
@@ -244,18 +236,12 @@ def measure_c4(device: Any, ridge: float, nbytes: int, dtype: str = "fp32", repe
                max_call_s: float = 0.5) -> list[Any]:
     """`intensity_sweep` over the widths `sweep_widths` picks for `ridge` (FLOP/B), best of `repeat`
     calls per width (a ceiling-like rate, as the ridge's own peak and bandwidth are)."""
-    from labkit.bench import zoo
-    from labkit.bench.experiments import intensity_sweep
-
     return intensity_sweep(device, sweep_widths(ridge, zoo.itemsize(dtype)), nbytes=nbytes, dtype=dtype,
                            repeat=repeat, max_call_s=max_call_s)
 
 
 def run_c4(size: str = "smoke", device: Any = None) -> Verdict:
     """C4 end to end: ceilings measured now, the ridge predicted, the intensity sweep, the verdict."""
-    from labkit import bench, phases
-    from labkit import device as _device
-
     dev = _device.pick(device or "auto")
     P, dtype = _sizes(size, dev), bench.default_dtype(dev)
     roof = phases.measure_roofline(dev, dtype)
@@ -316,8 +302,6 @@ def measure_c5(device: Any, roof: Any, gemm: Mapping[str, int], gemv: Mapping[st
     """Counter readings while each kernel loops ~`seconds` s, or why there are none."""
     import torch
 
-    from labkit.bench import counters, zoo
-
     try:
         counters.probe(device)
         out = {}
@@ -332,9 +316,6 @@ def measure_c5(device: Any, roof: Any, gemm: Mapping[str, int], gemv: Mapping[st
 
 def run_c5(size: str = "smoke", device: Any = None) -> Verdict:
     """C5 end to end: ceilings and prediction, then the counters (inconclusive where there are none)."""
-    from labkit import bench, phases
-    from labkit import device as _device
-
     dev = _device.pick(device or "auto")
     P, dtype = _sizes(size, dev), bench.default_dtype(dev)
     roof = phases.measure_roofline(dev, dtype)

@@ -16,8 +16,10 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from labkit import presets
+from labkit.fusion import elementwise, memory
 from labkit.fusion import experiments as fx
 from labkit.ledger.verdict import Prediction, Verdict, decide, distance_from_range, inconclusive, settle
+from labkit.model import Transformer, load_tiny
 
 # C6: "a large share" = at least half of the eager time is the per-op cost (measured <= 2x
 # the prediction); the prediction is confirmed when the chain is not much faster than
@@ -82,8 +84,6 @@ def judge_c6(prediction: Prediction, counted_ops: int, measured_s: float, fit: d
 def run_c6(size: str = "smoke", device: Any = None) -> Verdict:
     """C6 for `labkit ledger`: the fixed cost per op fitted (intercept of time vs work), the ops
     of one decode step of the trained tiny decoder counted, the prediction, then the step timed."""
-    from labkit.model import load_tiny
-
     dev = device or "cpu"
     P = presets.sizes("fusion", size, dev)
     fit = fx.fixed_cost_fit(dev)
@@ -97,8 +97,6 @@ def run_c6(size: str = "smoke", device: Any = None) -> Verdict:
 def predict_c7(numel: int, itemsize: int = 4) -> Prediction:
     """From the chains' traffic models: bytes eager vs fused and the cut in time if both run
     at one bandwidth; the claim's own numbers beside them."""
-    from labkit.fusion import elementwise
-
     vals: dict[str, Any] = {}
     cuts = []
     for chain in elementwise.CHAINS:
@@ -235,9 +233,6 @@ def judge_c9(prediction: Prediction, peaks: Mapping[str, int], method: str = "")
 def run_c9(size: str = "smoke", device: Any = None) -> Verdict:
     """C9 for `labkit ledger`: peak tensor bytes of one forward of the preset's `mem_model`, per
     autograd mode."""
-    from labkit.fusion import memory
-    from labkit.model import Transformer
-
     dev = device or "cpu"
     P = presets.sizes("fusion", size, dev)
     model = Transformer.from_preset(P["mem_model"], **P["mem_overrides"]).to(dev)

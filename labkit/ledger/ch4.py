@@ -17,11 +17,18 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from labkit.device import threads
 from labkit import presets
+from labkit.data import corpus_ids
+from labkit.device import threads
 from labkit.distill import experiments as dx
-from labkit.presets import MIN_REPEAT, MIN_ROUNDS
+from labkit.distill.cost import forward_flops_per_token, matmul_params
+from labkit.distill.order import run_order, summary
+from labkit.distill.trainer import new_student, student_config
 from labkit.ledger.verdict import Prediction, Verdict, decide, distance_from_range, inconclusive, settle
+from labkit.model import ModelConfig, Transformer, load_tiny
+from labkit.presets import MIN_REPEAT, MIN_ROUNDS
+from labkit.prune import experiments as px
+from labkit.quant import experiments as qx
 
 # C10: "nearly in proportion": the best int8 path reaches at least PROPORTION_LO of the
 # speed-up its bytes predict (below half, something other than bytes - dequantization,
@@ -91,8 +98,6 @@ def judge_c10(prediction: Prediction, rows: list[dict], batch: int = 1) -> Verdi
 def run_c10(size: str = "smoke", device: Any = None) -> Verdict:
     """C10 for `labkit ledger`: decode of the preset's random-init model per weight format (CPU
     kernels; one thread in smoke)."""
-    from labkit.quant import experiments as qx
-
     P = presets.sizes("quantization", size, device or "cpu")
     models = qx.c10_models(P["c10_preset"], P["c10_overrides"])
     pred = predict_c10(qx.c10_bytes(models))
@@ -181,10 +186,6 @@ def judge_c11(prediction: Prediction, ppl: Mapping[str, float], kept: int | None
 def run_c11(size: str = "smoke", device: Any = None) -> Verdict:
     """C11 for `labkit ledger`: perplexities of the trained tiny checkpoint (`c11_perplexities`),
     one thread in smoke."""
-    from labkit.data import corpus_ids
-    from labkit.model import load_tiny
-    from labkit.quant import experiments as qx
-
     P = presets.sizes("quantization", size, device or "cpu")
     pred = predict_c11(P["outlier_factor"])
     with threads(presets.sizes("ledger", size)["c10_threads"]):
@@ -199,8 +200,6 @@ def predict_c12(cfg: Any, sparsity: float) -> Prediction:
     """From bytes: zeros kept dense read the same bytes (1x); CSR holds 8 B per non-zero vs 4
     per dense weight (4 / (8 (1 - s))); structured pruning shrinks the block linears by s
     while the output head stays dense."""
-    from labkit.distill.cost import matmul_params
-
     if not 0 < sparsity < 1:
         raise ValueError(f"sparsity={sparsity} must lie in (0, 1)")
     total = matmul_params(cfg)
@@ -246,9 +245,6 @@ def c12_speedups(rows: list[dict], sparsity: float) -> tuple[float, float, float
 def run_c12(size: str = "smoke", device: Any = None) -> Verdict:
     """C12 for `labkit ledger`: decode speed at the preset's first sparsity, dense vs kept dense /
     CSR / structured."""
-    from labkit.model import ModelConfig, Transformer
-    from labkit.prune import experiments as px
-
     P = presets.sizes("pruning", size, device or "cpu")
     s = P["sparsities"][0]
     cfg: ModelConfig = Transformer.from_preset(P["speed_preset"], **P["speed_overrides"]).config
@@ -295,8 +291,6 @@ def judge_c13(prediction: Prediction, final_ppl: Mapping[str, float], claimed: s
 def run_c13(size: str = "smoke", device: Any = None) -> Verdict:
     """C13 for `labkit ledger`: every preset order from the tiny teacher (the D step shared with C14
     via `distilled`)."""
-    from labkit.distill.order import run_order, summary
-
     d = dx.distilled(size)
     P, cmp = d["P"], d["cmp"]
     pred = predict_c13(order_labels(P["orders"]))
@@ -315,8 +309,6 @@ def predict_c14(teacher_cfg: Any, student_cfg: Any, seq_len: int, speed_teacher_
     decode of a memory-bound model follows bytes: the student's speed-up ~ the teacher's
     matmul weights / the student's (of the `speed_*` pair, the memory-bound shapes whose
     decode is timed, when given)."""
-    from labkit.distill.cost import forward_flops_per_token, matmul_params
-
     f_t, f_s = (forward_flops_per_token(c, seq_len) for c in (teacher_cfg, student_cfg))
     flops = (3 * f_s + f_t) / (3 * f_s)
     st, ss = speed_teacher_cfg or teacher_cfg, speed_student_cfg or student_cfg
@@ -362,9 +354,6 @@ def run_c14(size: str = "smoke", device: Any = None) -> Verdict:
     times (the preset's `speed_preset`, weights past the cache): its int8 + compiled version,
     and the student shape (the preset's `student_overrides`) of it, random weights (decode time
     does not depend on their values)."""
-    from labkit.distill.trainer import new_student, student_config
-    from labkit.model import Transformer
-
     d = dx.distilled(size)
     P, cmp, teacher = d["P"], d["cmp"], d["teacher"]
     student = cmp["students"]["distilled"]

@@ -18,11 +18,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from labkit.device import threads
 from labkit import presets
-from labkit.loadgen import experiments as lx
-from labkit.serve import experiments as sx
+from labkit.device import threads
 from labkit.ledger.verdict import Prediction, Verdict, decide, inconclusive, settle
+from labkit.loadgen import experiments as lx
+from labkit.model import Transformer, load_tiny
+from labkit.model.kv_memory import kv_bytes_per_token
+from labkit.serve import experiments as sx
+from labkit.serve import kv_capacity as kb
 
 # C15: a batch-B decode step must give >= AMORTISE x the predicted tokens-per-step gain;
 # continuous must cut static's p99 E2E by >= P99_GAIN x at >= KEEP x its throughput, and the
@@ -77,9 +80,6 @@ def run_c15(size: str = "smoke", device: Any = None) -> Verdict:
     """Tokens per step at batch 1 vs 8 on the real engine with the memory-bound model of C10
     (weights past the cache), then static vs continuous batching on the real server at 60 %
     of static's measured capacity (smoke: 80 chat requests, full: 300)."""
-    from labkit.model import Transformer
-    from labkit.model.kv_memory import kv_bytes_per_token
-
     Q = presets.sizes("quantization", size, device or "cpu")
     model = Transformer.from_preset(Q["c10_preset"], **Q["c10_overrides"])
     pred = predict_c15(model.num_params() * model.dtype.itemsize, kv_bytes_per_token(model.config, model.dtype),
@@ -141,8 +141,6 @@ def judge_c16(prediction: Prediction, alone_p99_s: float, fifo_p99_s: float, pri
 
 
 def run_c16(size: str = "smoke", device: Any = None) -> Verdict:
-    from labkit.model import load_tiny
-
     with threads(1):  # the engine's steps on one thread; the caller's setting comes back after
         model = load_tiny()
         n = presets.sizes("ledger", size)["c16_interactive"]
@@ -217,10 +215,6 @@ def judge_c17(prediction: Prediction, growth: Sequence[tuple[int, int, int]], pa
 
 def c17_setup(size: str = "smoke") -> tuple[Prediction, dict[str, Any]]:
     """The prediction (from the model's shape and the workload's lengths) and what to measure."""
-    from labkit.model import load_tiny
-    from labkit.model.kv_memory import kv_bytes_per_token
-    from labkit.serve import kv_capacity as kb
-
     P = presets.sizes("kv_cache", size)
     model = load_tiny()
     per, per8 = kv_bytes_per_token(model.config, model.dtype), kv_bytes_per_token(model.config, "int8")

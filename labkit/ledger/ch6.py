@@ -11,10 +11,12 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+import numpy as np
+
 from labkit import presets
-from labkit.loadgen import experiments as lx
-from labkit.ledger.verdict import Prediction, Verdict, decide, inconclusive, settle, simulated
 from labkit.knee import first_past
+from labkit.ledger.verdict import Prediction, Verdict, decide, inconclusive, settle, simulated
+from labkit.loadgen import experiments as lx
 
 # C19: "a 30 % better mean can come with a 5 % better p99". The larger of the two relative
 # changes must reach MOVE (the configurations really differ), and the two must move
@@ -158,8 +160,6 @@ def run_c20(size: str = "smoke", device: Any = None) -> Verdict:
     """A closed-loop concurrency sweep of the real server at every size (the preset's users).
     If the server cannot start here, an open-loop rate sweep of the calibrated twin is judged
     and the verdict is labelled simulated (inconclusive)."""
-    import numpy as np
-
     cost, twin = lx.calibrated_cost(), lx.sim_server()
     P = presets.sizes("serving", size)
     cap = lx.sim_capacity(cost, twin, P["sweep_len"], P["sweep_len"])  # the sweep's own requests

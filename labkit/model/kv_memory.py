@@ -28,7 +28,9 @@ from typing import Any
 
 import torch
 
-KV_DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
+from labkit import dtypes
+
+KV_DTYPES = ("fp32", "fp16", "bf16", "fp8", "int8")  # what a KV value can be stored as (labkit.dtypes names)
 SCALE_BYTES = {"int8": 4}  # one fp32 scale per (token, kv head) vector, for K and for V
 _ALIASES = {"float32": "fp32", "float": "fp32", "float16": "fp16", "half": "fp16", "bfloat16": "bf16",
             "float8_e4m3fn": "fp8", "float8_e5m2": "fp8", "e4m3": "fp8", "e5m2": "fp8"}
@@ -101,11 +103,11 @@ def _divide(hidden: int | None, heads: int) -> int:
 
 
 def kv_dtype_name(storage: str | torch.dtype) -> str:
-    """Normalise a KV storage type ("fp16", "float16", torch.float16, ...) to one of KV_DTYPE_BYTES' keys."""
+    """Normalise a KV storage type ("fp16", "float16", torch.float16, ...) to one of KV_DTYPES."""
     name = str(storage).removeprefix("torch.").lower() if isinstance(storage, (str, torch.dtype)) else None
     name = _ALIASES.get(name, name)
-    if name not in KV_DTYPE_BYTES:
-        raise ValueError(f"KV dtype {storage!r} not allowed; choose one of {tuple(KV_DTYPE_BYTES)} "
+    if name not in KV_DTYPES:
+        raise ValueError(f"KV dtype {storage!r} not allowed; choose one of {KV_DTYPES} "
                          "(or a torch float dtype, or an integer byte count per value)")
     return name
 
@@ -133,7 +135,7 @@ def kv_bytes_per_token(config: Any, storage: str | torch.dtype | int = "fp16") -
         per_vector = s.head_dim * storage
     else:
         name = kv_dtype_name(storage)
-        per_vector = s.head_dim * KV_DTYPE_BYTES[name] + SCALE_BYTES.get(name, 0)
+        per_vector = s.head_dim * dtypes.BYTES[name] + SCALE_BYTES.get(name, 0)
     return 2 * s.layers * s.kv_heads * per_vector
 
 

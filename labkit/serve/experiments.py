@@ -12,13 +12,18 @@
 from __future__ import annotations
 
 import time
+import time as _time
 from typing import Any, Sequence
 
 import numpy as np
 
-from labkit.device import threads
 from labkit import presets
+from labkit.device import threads
+from labkit.model import load_tiny
+from labkit.model.generate import generate
+from labkit.sim import schedulers
 from labkit.stats import safe_threshold
+from labkit.tokenizer import load_tokenizer
 
 
 def engine_step_times(model: Any, batches: Sequence[int] = (1, 8), prompt: int = 64, steps: int = 24,
@@ -74,7 +79,6 @@ def _drive(eng: Any, plan: Sequence[tuple[float, list[int], int, int]]) -> list[
 
 def _engine(model: Any, queue: str, max_batch: int, n: int) -> Any:
     from labkit.serve.engine import Engine, EngineConfig
-    from labkit.sim import schedulers
 
     eng = Engine(model, EngineConfig(policy="continuous", max_batch=max_batch, max_queue=n + 1, max_model_len=256))
     # EngineConfig has no queue option: the same scheduler, ordering its queue by the
@@ -160,8 +164,6 @@ def measure_kv_growth(model: Any, batches: Sequence[int] = (1, 4, 16), lengths: 
     sizing, `kv_dtype` "model" or "int8") and its tensor storage measured (`allocated_bytes`).
     Nothing here computes bytes from a formula: the calculator is what the judge compares with."""
     import torch
-
-    from labkit.model.generate import generate
 
     gen = torch.Generator().manual_seed(0)
     rows = []
@@ -259,9 +261,6 @@ def measure_c18_trace(encoder: Any, chosen: dict[str, Any], model: Any, tokenize
     through the semantic cache at the chosen threshold (model only on a miss). Counts model
     calls, times each request (s), and scores each hit: right only when it reuses the answer
     of the same prompt asked before, or of a same-meaning pair's first prompt."""
-    import time as _time
-
-    from labkit.model.generate import generate
     from labkit.serve.cache import SemanticCache, normalize_prompt
 
     if chosen["threshold"] is None:
@@ -303,9 +302,7 @@ def trace_c18(encoder: Any, chosen: dict[str, Any], size: str = "smoke", model: 
     """`measure_c18_trace` on the held-out pairs with the trained tiny model (one torch thread;
     48 new tokens per answer, the mean output of chapter 6's chat traffic; full: 128);
     None when no threshold was chosen."""
-    from labkit.model import load_tiny
     from labkit.serve import cache_eval as cb
-    from labkit.tokenizer import load_tokenizer
 
     if chosen["threshold"] is None:
         return None
