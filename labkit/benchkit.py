@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from labkit import paths
 from labkit.device import threads as torch_threads
 from labkit.presets import RUN_SIZES
 
@@ -125,7 +126,7 @@ def jsonable(x: Any) -> Any:
 
 
 @dataclasses.dataclass
-class Session:
+class BenchRun:
     """What a bench's body fills in: `results` (name -> figures), `summary` (one line of
     text, no newline) and `rc` (the exit status). `device` is the resolved torch.device."""
 
@@ -158,14 +159,6 @@ def record(bench: str, args: argparse.Namespace, seconds: float, rc: int, summar
             "seconds": seconds, "rc": rc, "summary": summary, "results": jsonable(results)}
 
 
-def write_json(path: str | Path, payload: dict[str, Any]) -> Path:
-    """Write `payload` as indented JSON to `path` (folders created)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=1) + "\n")
-    return path
-
-
 @contextlib.contextmanager
 def _device_env(dev: Any) -> Iterator[Any]:
     """`dev`, with LABKIT_DEVICE set to it for the block (child processes inherit it); restored after."""
@@ -183,7 +176,7 @@ def _device_env(dev: Any) -> Iterator[Any]:
 
 
 @contextlib.contextmanager
-def session(args: argparse.Namespace) -> Iterator[Session]:
+def session(args: argparse.Namespace) -> Iterator[BenchRun]:
     """Run a bench body: --threads applied (and restored), --device resolved, then the
     summary line printed last and the --json record written, even if the body fails
     (then rc 1 and the error in the summary). While it runs, LABKIT_DEVICE names the
@@ -192,7 +185,7 @@ def session(args: argparse.Namespace) -> Iterator[Session]:
     bench = args._bench
     t0 = time.perf_counter()
     with torch_threads(args.threads), _device_env(resolve_device(args.device, args._devices)) as dev:
-        s = Session(bench, args, dev)
+        s = BenchRun(bench, args, dev)
         try:
             yield s
         except Exception as e:
@@ -201,7 +194,7 @@ def session(args: argparse.Namespace) -> Iterator[Session]:
         finally:
             seconds = time.perf_counter() - t0
             if args.json:
-                write_json(args.json, record(bench, args, seconds, s.rc, s.summary, s.results, s.device))
+                paths.write_json(args.json, record(bench, args, seconds, s.rc, s.summary, s.results, s.device))
             sys.stdout.flush()
             print(summary_line(bench, s.summary, seconds), flush=True)
 

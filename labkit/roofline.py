@@ -175,7 +175,7 @@ def plot(roof: Roofline, points: Iterable[Any] = (), ax=None, dtypes: Sequence[s
     """Log-log roofline: one roof per dtype, the bandwidth slope, and measured points.
 
     `points` are objects with .name, .dtype, .flops, .bytes, .time_s (e.g. bench
-    `Result`s); each is labelled with its name (or `labels[i]`) and its % of the roof for
+    `KernelResult`s); each is labelled with its name (or `labels[i]`) and its % of the roof for
     its dtype. Returns the axes.
     """
     import numpy as np

@@ -262,12 +262,12 @@ def test_bench_all_gathers_one_record_per_bench(monkeypatch, tmp_path):
     import json
     import subprocess
 
-    from labkit import benchkit
+    from labkit import benchkit, paths
 
     def fake_run(argv, **kw):
         mod, path = argv[2], argv[argv.index("--json") + 1]
         if mod == "labkit.sim.bench":
-            benchkit.write_json(path, {"bench": mod, "fingerprint": {}, "results": {"speed": 1}})
+            paths.write_json(path, {"bench": mod, "fingerprint": {}, "results": {"speed": 1}})
             return subprocess.CompletedProcess(argv, 0, "table\nSUMMARY labkit.sim.bench: 9 req/s [3 s]\n", "")
         return subprocess.CompletedProcess(argv, 1, "half a table\n", "Traceback: boom\n")
 

@@ -48,14 +48,14 @@ def test_lookup_by_describe_name(device_name, row):
 
 
 def test_unknown_hardware_falls_back_to_measured():
-    from labkit.bench.core import Report, Result
+    from labkit.bench.core import Report, KernelResult
 
     st = {"median": 1.0, "min": 1.0}
     rep = Report({"device_name": "Mystery CPU", "llc_bytes": 100, "date": "d", "torch_version": "t",
                   "torch_threads": 2, "memory_bytes": 1},
-                 [Result("gemm", "matmul", {}, "fp32", "cpu", 2, 50e9, 1e6, st),
-                  Result("triad", "stream", {}, "fp32", "cpu", 2, 1e9, 20e9, st),
-                  Result("triad", "stream", {}, "fp32", "cpu", 2, 1e9, 99, dict(st, median=1e-9, min=1e-9))])  # in cache
+                 [KernelResult("gemm", "matmul", {}, "fp32", "cpu", 2, 50e9, 1e6, st),
+                  KernelResult("triad", "stream", {}, "fp32", "cpu", 2, 1e9, 20e9, st),
+                  KernelResult("triad", "stream", {}, "fp32", "cpu", 2, 1e9, 99, dict(st, median=1e-9, min=1e-9))])  # in cache
     roof = R.for_device("Mystery CPU", rep)
     assert roof.peak("fp32") == 50e9 and roof.bandwidth == 20e9
     with pytest.raises(ValueError, match="Mystery"):
@@ -134,9 +134,9 @@ def test_plot_labels_points_with_percent_of_roof(h100):
     import matplotlib
 
     matplotlib.use("Agg")
-    from labkit.bench.core import Result
+    from labkit.bench.core import KernelResult
 
-    pt = Result("gemv", "zoo", {}, "bf16", "cuda", 1, 2e9, 2e9, {"median": 2e9 / (0.5 * 3.35e12)})
+    pt = KernelResult("gemv", "zoo", {}, "bf16", "cuda", 1, 2e9, 2e9, {"median": 2e9 / (0.5 * 3.35e12)})
     ax = R.plot(h100, [pt], dtypes=["bf16"])
     assert any(t.get_text() == "gemv 50%" for t in ax.texts)
     assert ax.get_xscale() == "log" and "FLOP/byte" in ax.get_xlabel()

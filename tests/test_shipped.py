@@ -43,7 +43,7 @@ def test_one_bench_record_and_the_best_figure_per_machine(tmp_path):
 
 def test_a_top_level_bench_report_gives_peaks(tmp_path):
     def row(name, group, flops, nbytes, dtype="fp32"):
-        return bench.Result(name, group, {"n": 1}, dtype, "cpu", 2, flops, nbytes, {"median": 1.0, "min": 0.5})
+        return bench.KernelResult(name, group, {"n": 1}, dtype, "cpu", 2, flops, nbytes, {"median": 1.0, "min": 0.5})
     rep = bench.Report(FP, [row("gemm", "matmul", 1e11, 1e6), row("triad", "stream", 0, 1e9)])
     rep.save(tmp_path / "laptop.json")
     (m,) = shipped.machines(tmp_path)

@@ -1,6 +1,6 @@
-"""Result rows, the environment fingerprint, and timing one zoo kernel.
+"""KernelResult rows, the environment fingerprint, and timing one zoo kernel.
 
-A `Result` is one timed kernel at one shape: time statistics (s), analytic FLOPs and
+A `KernelResult` is one timed kernel at one shape: time statistics (s), analytic FLOPs and
 minimal bytes, and the derived rates. Rates use the *median* time, so one lucky or
 unlucky repeat moves nothing; `best_*` rates use the fastest repeat, the convention for
 ceilings (STREAM's "best rate"): a ceiling is what the machine *can* deliver. A `Report` is a list of results plus the fingerprint of
@@ -25,7 +25,7 @@ from labkit.bench import zoo
 
 
 @dataclasses.dataclass
-class Result:
+class KernelResult:
     """One timed kernel. Times in s, `flops` in FLOP, `bytes` in bytes (minimal traffic)."""
 
     name: str
@@ -76,7 +76,7 @@ class Result:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Result":
+    def from_dict(cls, d: dict[str, Any]) -> "KernelResult":
         return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
 
     def __str__(self) -> str:
@@ -130,8 +130,8 @@ def _precision(dtype: str, dev: torch.device) -> Iterator[None]:
 
 def run_kernel(name: str, *, dtype: str = "fp32", device: torch.device | str | None = None,
                group: str = "zoo", n_threads: int | None = None, warmup: int = 2,
-               repeat: int = 5, min_time: float = 0.0, **shape: int) -> Result:
-    """Build zoo kernel `name` at `shape`, time it with `labkit.timing.measure`, return a `Result`."""
+               repeat: int = 5, min_time: float = 0.0, **shape: int) -> KernelResult:
+    """Build zoo kernel `name` at `shape`, time it with `labkit.timing.measure`, return a `KernelResult`."""
     kernel = zoo.get(name)
     dev = _device.pick(device)
     flops = float(kernel.flops(**shape))
@@ -139,7 +139,7 @@ def run_kernel(name: str, *, dtype: str = "fp32", device: torch.device | str | N
     with threads(n_threads) as used, _precision(dtype, dev), torch.inference_mode():
         fn = kernel.build(dtype, dev, **shape)
         stats = timing.measure(fn, warmup=warmup, repeat=repeat, min_time=min_time, device=dev)
-    return Result(name=name, group=group, shape=dict(shape), dtype=dtype, device=str(dev),
+    return KernelResult(name=name, group=group, shape=dict(shape), dtype=dtype, device=str(dev),
                   threads=used, flops=flops, bytes=nbytes, stats=stats.summary())
 
 
@@ -148,11 +148,11 @@ class Report:
     """Every result of one `labkit bench` run plus the machine's fingerprint."""
 
     fingerprint: dict[str, Any]
-    results: list[Result]
+    results: list[KernelResult]
     notes: list[str] = dataclasses.field(default_factory=list)
 
     def select(self, group: str | None = None, name: str | None = None,
-               dtype: str | None = None) -> list[Result]:
+               dtype: str | None = None) -> list[KernelResult]:
         return [r for r in self.results if (group is None or r.group == group)
                 and (name is None or r.name == name) and (dtype is None or r.dtype == dtype)]
 
@@ -166,4 +166,4 @@ class Report:
     @classmethod
     def load(cls, path: str | Path) -> "Report":
         d = json.loads(Path(path).read_text())
-        return cls(d["fingerprint"], [Result.from_dict(r) for r in d["results"]], d.get("notes", []))
+        return cls(d["fingerprint"], [KernelResult.from_dict(r) for r in d["results"]], d.get("notes", []))

@@ -12,12 +12,12 @@ import torch
 from labkit import device as _device
 from labkit import timing
 from labkit.bench import zoo
-from labkit.bench.core import Result, _precision, run_kernel
+from labkit.bench.core import KernelResult, _precision, run_kernel
 from labkit.device import Telemetry, TelemetryTrace
 
 
 def thread_scaling(device: torch.device | str = "cpu", *, gemm_n: int = 768, stream_bytes: int,
-                   max_threads: int | None = None) -> dict[str, dict[str, Result]]:
+                   max_threads: int | None = None) -> dict[str, dict[str, KernelResult]]:
     """C3 on one machine: a compute-bound GEMM and a memory-bound triad at 1 thread and at
     `max_threads` (default: all logical CPUs). More cores add FLOP/s; they add far less
     bandwidth, so the triad should speed up less. Returns {kernel: {"1": r, "all": r}}."""
@@ -26,7 +26,7 @@ def thread_scaling(device: torch.device | str = "cpu", *, gemm_n: int = 768, str
         raise ValueError(f"thread scaling is a CPU experiment; got device {dev}")
     top = max_threads or os.cpu_count() or 1
     n = stream_bytes // (3 * zoo.itemsize("fp32"))
-    out: dict[str, dict[str, Result]] = {"gemm": {}, "triad": {}}
+    out: dict[str, dict[str, KernelResult]] = {"gemm": {}, "triad": {}}
     for label, k in (("1", 1), ("all", top)):
         out["gemm"][label] = run_kernel("gemm", device=dev, group="c3", n_threads=k, warmup=1, repeat=5,
                                         m=gemm_n, n=gemm_n, k=gemm_n)
@@ -80,11 +80,11 @@ def streamed_gemm_flops_bytes(n: int, width: int, itemsize: int) -> tuple[float,
 
 
 def intensity_sweep(device: torch.device | str, widths: list[int], *, nbytes: int, dtype: str = "fp32",
-                    repeat: int = 3, max_call_s: float = 0.5, seed: int = 0) -> list[Result]:
+                    repeat: int = 3, max_call_s: float = 0.5, seed: int = 0) -> list[KernelResult]:
     """C4's kernel of tunable intensity: an array of `nbytes` (in + out, sized past the
     last-level cache) streamed once through a matmul with a small width x width matrix.
     Every element loaded meets `width` multiply-adds while it sits in registers or cache,
-    so intensity ~ width / itemsize FLOP/B. One `Result` per width (ascending), stopping
+    so intensity ~ width / itemsize FLOP/B. One `KernelResult` per width (ascending), stopping
     before a call is predicted to take more than `max_call_s` s (FLOPs grow with width).
     Floating-point dtypes only (fp32, tf32, bf16, fp16, fp64)."""
     if dtype not in zoo.DTYPES or dtype == "int8":
@@ -94,7 +94,7 @@ def intensity_sweep(device: torch.device | str, widths: list[int], *, nbytes: in
         raise ValueError(f"widths must be a non-empty list of integers >= 1, got {widths!r}")
     dev = _device.pick(device)
     size = zoo.itemsize(dtype)
-    rows: list[Result] = []
+    rows: list[KernelResult] = []
     for w in sorted(widths):
         n = max(w, nbytes // (2 * size) // w * w)  # a whole number of rows
         flops, nb = streamed_gemm_flops_bytes(n, w, size)
@@ -108,6 +108,6 @@ def intensity_sweep(device: torch.device | str, widths: list[int], *, nbytes: in
             y = torch.empty_like(x)
             stats = timing.measure(lambda: torch.matmul(x, m, out=y), warmup=1, repeat=repeat, device=dev)
             x = y = m = None  # free this size's tensors before allocating the next
-        rows.append(Result("streamed_gemm", "c4", {"n": n, "width": w}, dtype, str(dev), torch.get_num_threads(),
+        rows.append(KernelResult("streamed_gemm", "c4", {"n": n, "width": w}, dtype, str(dev), torch.get_num_threads(),
                            flops, nb, stats.summary()))
     return rows

@@ -1,7 +1,7 @@
 """The benchmark suites behind `labkit bench`: bandwidth sweep, matmul per dtype,
 skinny (decode-like) GEMMs, dispatch overhead and the kernel zoo.
 
-Each suite returns a list of `Result` rows. Sizes come from `labkit.presets`
+Each suite returns a list of `KernelResult` rows. Sizes come from `labkit.presets`
 (chapter "roofline"); memory-bound sizes are derived from the last-level cache so the
 largest working set is always several times bigger than it (a DRAM measurement).
 """
@@ -15,7 +15,7 @@ import torch
 from labkit import device as _device
 from labkit import presets, timing
 from labkit.bench import zoo
-from labkit.bench.core import Report, Result, fingerprint, last_level_cache_bytes, run_kernel
+from labkit.bench.core import Report, KernelResult, fingerprint, last_level_cache_bytes, run_kernel
 
 STREAM_OPS = ("copy", "scale", "add", "triad")
 
@@ -49,7 +49,7 @@ def dram_bytes(device: torch.device, llc_multiple: float) -> int:
 
 
 def stream_sweep(device: torch.device, *, min_bytes: int, llc_multiple: float, points: int,
-                 dtype: str = "fp32", ops=STREAM_OPS, n_threads: int | None = None) -> list[Result]:
+                 dtype: str = "fp32", ops=STREAM_OPS, n_threads: int | None = None) -> list[KernelResult]:
     """STREAM ops over working sets from `min_bytes` to `llc_multiple`× LLC (geometric steps).
 
     The working set is the minimal bytes of one call (all arrays), so the x axis of the
@@ -80,13 +80,13 @@ def read_copy_bandwidth(device: torch.device | str | None = None, nbytes: int = 
             for op in ("read", "copy")}
 
 
-def _sweep_until(sizes: list[int], max_call_s: float, time_one: Callable[[int], Result],
-                 cost: Callable[[int], float]) -> list[Result]:
+def _sweep_until(sizes: list[int], max_call_s: float, time_one: Callable[[int], KernelResult],
+                 cost: Callable[[int], float]) -> list[KernelResult]:
     """Run `time_one(size)` for growing sizes; stop when the next call is predicted to take
     longer than `max_call_s` s (extrapolated from the last one by `cost`, e.g. FLOPs), so a
     dtype that is emulated in software (bf16 on many CPUs) doesn't stall the run. The
     prediction uses the fastest repeat: on a busy machine the median can be inflated."""
-    rows: list[Result] = []
+    rows: list[KernelResult] = []
     last = None
     for s in sizes:
         if rows and rows[-1].stats["min"] * cost(s) / cost(last) > max_call_s:
@@ -97,7 +97,7 @@ def _sweep_until(sizes: list[int], max_call_s: float, time_one: Callable[[int], 
 
 
 def matmul_sweep(device: torch.device, *, sizes: list[int], dtypes: list[str],
-                 max_call_s: float) -> list[Result]:
+                 max_call_s: float) -> list[KernelResult]:
     """Square GEMMs n×n×n per dtype, small to large (large sizes skipped on slow dtypes)."""
     rows = []
     for dt in dtypes:
@@ -108,13 +108,13 @@ def matmul_sweep(device: torch.device, *, sizes: list[int], dtypes: list[str],
 
 
 def skinny_sweep(device: torch.device, *, ms: list[int], k: int, n: int,
-                 dtypes: list[str]) -> list[Result]:
+                 dtypes: list[str]) -> list[KernelResult]:
     """M×K×N GEMMs for small M (decode batch sizes): the weight read dominates until M is large."""
     return [run_kernel("gemm", dtype=dt, device=device, group="skinny", warmup=2, repeat=5,
                        min_time=0.05, m=m, n=n, k=k) for dt in dtypes for m in ms]
 
 
-def dispatch_overhead(device: torch.device, *, ops: int = 1000, dtype: str = "fp32") -> Result:
+def dispatch_overhead(device: torch.device, *, ops: int = 1000, dtype: str = "fp32") -> KernelResult:
     """Time a burst of `ops` one-element eager adds; time_s/ops is the cost per op (s).
 
     A burst (not one op per sample) so the host clock's own cost is amortised and, on a
@@ -130,7 +130,7 @@ def dispatch_overhead(device: torch.device, *, ops: int = 1000, dtype: str = "fp
                 one()
 
         stats = timing.measure(burst, warmup=1, repeat=5, device=dev)
-    return Result("tiny_add", "overhead", {"n": 1, "ops_per_call": ops}, dtype, str(dev),
+    return KernelResult("tiny_add", "overhead", {"n": 1, "ops_per_call": ops}, dtype, str(dev),
                   torch.get_num_threads(), float(ops * kernel.flops(n=1)),
                   float(ops * kernel.bytes(zoo.itemsize(dtype), n=1)), stats.summary())
 
@@ -156,7 +156,7 @@ def zoo_shapes(device: torch.device, dtype: str, llc_multiple: float,
     ]
 
 
-def zoo_suite(device: torch.device, dtype: str, p: dict[str, Any]) -> list[Result]:
+def zoo_suite(device: torch.device, dtype: str, p: dict[str, Any]) -> list[KernelResult]:
     """Time every zoo kernel once at its representative shape."""
     return [run_kernel(name, dtype=dtype, device=device, group="zoo", warmup=1, repeat=p["zoo_repeat"],
                        **shape)
@@ -173,7 +173,7 @@ def run(size: str = "smoke", device: str | torch.device = "auto", *, progress: C
     notes = [f"matmul dtype {dt} skipped: {why}" for dt, why in dtypes.items() if why]
     ok = [dt for dt, why in dtypes.items() if not why]
     zdt = default_dtype(dev)
-    results: list[Result] = []
+    results: list[KernelResult] = []
     say("bandwidth sweep")
     results += stream_sweep(dev, min_bytes=p["stream_min_bytes"], llc_multiple=p["llc_multiple"],
                             points=p["stream_points"])

@@ -23,10 +23,10 @@ def run_all(args: argparse.Namespace) -> int:
                                only=getattr(args, "only", None), timeout_s=getattr(args, "timeout", None),
                                say=lambda msg: print(f"[{time.perf_counter() - t0:6.1f} s] {msg}", flush=True))
     slug = benchkit.machine_slug(machine["fingerprint"])
-    out = benchkit.write_json(args.out or paths.out_dir() / "bench" / f"all-{slug}.json", machine)
+    out = paths.write_json(args.out or paths.out_dir() / "bench" / f"all-{slug}.json", machine)
     print(f"written to {out}")
     if machine_name:
-        print(f"and to {benchkit.write_json(paths.RESULTS / machine_name / 'benches.json', machine)}")
+        print(f"and to {paths.write_json(paths.RESULTS / machine_name / 'benches.json', machine)}")
     failed = [b["bench"] for b in machine["benches"] if b["rc"] != 0]
     print(benchkit.summary_line("labkit.bench.all", f"{len(machine['benches']) - len(failed)} of "
                                 f"{len(machine['benches'])} benches ok" + (f"; failed: {', '.join(failed)}" if failed

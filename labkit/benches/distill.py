@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     return run.rc
 
 
-def body(run: benchkit.Session, size: str, threads: int | None) -> None:
+def body(run: benchkit.BenchRun, size: str, threads: int | None) -> None:
     """Sections 1-4; figures go into `run` and its summary."""
     P = px.bench_sizes(size, threads)
     budget = dx.budget_from_params(P)

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     return run.rc
 
 
-def body(run: benchkit.Session, size: str, dev: torch.device, chain_numel: int | None) -> None:
+def body(run: benchkit.BenchRun, size: str, dev: torch.device, chain_numel: int | None) -> None:
     """C6-C9; figures go into `run` and its summary."""
     p = presets.sizes("fusion", size, dev)
     numel = chain_numel or max(p["chain_numel"], MIN_BENCH_NUMEL)

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     return run.rc
 
 
-def body(run: benchkit.Session, size: str, threads: int | None) -> None:
+def body(run: benchkit.BenchRun, size: str, threads: int | None) -> None:
     """Sections 1-5; figures go into `run` and its summary."""
     P = px.bench_sizes(size, threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, sizes {size}")

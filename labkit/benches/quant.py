@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     return run.rc
 
 
-def body(run: benchkit.Session, P: dict) -> None:
+def body(run: benchkit.BenchRun, P: dict) -> None:
     """The five sections; figures go into `run` and its summary."""
     windows = P["ppl_windows"]
     torch.manual_seed(0)

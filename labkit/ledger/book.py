@@ -9,7 +9,6 @@ read it back and check that every claim of the notebook got a verdict.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from labkit import paths
@@ -21,21 +20,13 @@ def ledger_path(notebook: str, out: Path | None = None) -> Path:
     return (out or paths.out_dir()) / "ledger" / f"{notebook}.json"
 
 
-def write_json(path: Path, payload: object) -> None:
-    """Write `payload` as JSON via a temporary file and a rename: never half-written."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=1))
-    os.replace(tmp, path)
-
-
 class Book:
     """The verdicts one notebook (or one `labkit ledger` run) printed, kept as JSON."""
 
     def __init__(self, notebook: str, out: Path | None = None, *, quiet: bool = False):
         self.notebook, self.path, self.quiet = notebook, ledger_path(notebook, out), quiet
         self.verdicts: list[Verdict] = []
-        write_json(self.path, {"notebook": notebook, "verdicts": []})
+        paths.write_json(self.path, {"notebook": notebook, "verdicts": []})
 
     def predict(self, prediction: Prediction) -> Prediction:
         """Print a prediction (before its measurement runs) and hand it back."""
@@ -50,7 +41,7 @@ class Book:
         if not self.quiet:
             print(verdict)
         self.verdicts = [v for v in self.verdicts if v.claim != verdict.claim] + [verdict]
-        write_json(self.path, {"notebook": self.notebook, "verdicts": [v.as_dict() for v in self.verdicts]})
+        paths.write_json(self.path, {"notebook": self.notebook, "verdicts": [v.as_dict() for v in self.verdicts]})
         return verdict
 
 

@@ -11,7 +11,6 @@ from pathlib import Path
 
 from labkit import paths
 from labkit.presets import RUN_SIZES
-from labkit.ledger.book import write_json
 from labkit.ledger.claims import CLAIMS, claim
 from labkit.ledger.verdict import (DEMONSTRATED, DEMONSTRATION, EVIDENCE_KINDS, FAILS, HOLDS, INCONCLUSIVE,
                                    MEASURED, OUTCOMES, SIMULATED, Prediction, Verdict, inconclusive)
@@ -108,11 +107,11 @@ def run(args: argparse.Namespace) -> int:
     payload = {"fingerprint": fp, "size": args.size,
                "verdicts": [dict(v.as_dict(), seconds=s) for v, s in rows]}
     out = Path(args.json) if args.json else paths.out_dir() / "ledger.json"
-    write_json(out, payload)
+    paths.write_json(out, payload)
     print(f"verdicts written to {out}")
     if args.machine:
         dest = paths.RESULTS / args.machine / "ledger.json"
-        write_json(dest, payload)
+        paths.write_json(dest, payload)
         print(f"and to {dest}")
     return 0
 

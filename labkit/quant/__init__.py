@@ -22,12 +22,12 @@ is the real accuracy cost. Bytes per token and sequences that fit:
 
 from labkit.quant.core import (GRANULARITIES, GROUP_SIZES, QuantizedTensor, Scheme, dequantize, pack_int4,
                                parse_scheme, quantize, unpack_int4)
-from labkit.quant.linear import (ACT_MODES, KERNELS, QuantLinear, fake_quant_act, kernel_paths, model_bytes,
+from labkit.quant.linear import (ACT_MODES, KERNEL_CHOICES, QuantLinear, fake_quant_act, kernel_paths, model_bytes,
                                  quantize_model)
 from labkit.quant.calib import CALIB_METHODS, ActStats, calibrate, collect_act_stats, plant_outliers, smooth
 
 __all__ = [
-    "ACT_MODES", "CALIB_METHODS", "GRANULARITIES", "GROUP_SIZES", "KERNELS", "ActStats", "QuantLinear",
+    "ACT_MODES", "CALIB_METHODS", "GRANULARITIES", "GROUP_SIZES", "KERNEL_CHOICES", "ActStats", "QuantLinear",
     "QuantizedTensor", "Scheme", "calibrate", "collect_act_stats", "dequantize",
     "fake_quant_act", "kernel_paths", "model_bytes", "pack_int4", "parse_scheme", "plant_outliers",
     "quantize", "quantize_model", "smooth", "unpack_int4",

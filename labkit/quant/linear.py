@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from labkit.quant.core import QuantizedTensor, Scheme, parse_scheme, unpack_int4
 
-KERNELS = ("auto", "dequant", "int8pack_bf16", "ao_dynamic", "int4pack_bf16")
+KERNEL_CHOICES = ("auto", "dequant", "int8pack_bf16", "ao_dynamic", "int4pack_bf16")
 ACT_MODES = ("tensor", "channel", "token")
 
 KERNEL_LABELS = {
@@ -75,8 +75,8 @@ class QuantLinear(nn.Module):
     def __init__(self, weight: torch.Tensor, scheme: str | Scheme = "int8", kernel: str = "auto",
                  act_mode: str | None = None, act_scale: torch.Tensor | None = None):
         super().__init__()
-        if kernel not in KERNELS:
-            raise ValueError(f"kernel={kernel!r} not allowed; choose one of {KERNELS}")
+        if kernel not in KERNEL_CHOICES:
+            raise ValueError(f"kernel={kernel!r} not allowed; choose one of {KERNEL_CHOICES}")
         self.scheme = parse_scheme(scheme)
         self.out_features, self.in_features = weight.shape
         self.qweight = QuantizedTensor(weight.detach(), self.scheme)

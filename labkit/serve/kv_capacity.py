@@ -32,7 +32,7 @@ from labkit.report import format_rows
 
 
 @dataclasses.dataclass(frozen=True)
-class Workload:
+class LengthMix:
     """Request lengths in tokens: prompt[i] + output[i] <= max_len."""
 
     prompt: np.ndarray
@@ -48,7 +48,7 @@ class Workload:
 
 
 def mixed_workload(n: int, prompt_median: int, output_median: int, max_len: int, sigma: float = 0.8,
-                   seed: int = 0) -> Workload:
+                   seed: int = 0) -> LengthMix:
     """`n` requests with lognormal prompt and output lengths (medians in tokens), each
     clipped so that prompt + output <= `max_len` (a chat-like mix: many short, a long tail)."""
     if n < 1 or min(prompt_median, output_median) < 1 or max_len < 4:
@@ -57,7 +57,7 @@ def mixed_workload(n: int, prompt_median: int, output_median: int, max_len: int,
     rng = np.random.default_rng(seed)
     prompt = np.clip(rng.lognormal(np.log(prompt_median), sigma, n).round(), 1, max_len // 2).astype(int)
     output = np.clip(rng.lognormal(np.log(output_median), sigma, n).round(), 1, max_len - prompt).astype(int)
-    return Workload(prompt, output, max_len)
+    return LengthMix(prompt, output, max_len)
 
 
 def blocks_for_budget(model: Transformer, budget_bytes: int, block_size: int, kv_dtype: str = "model") -> int:
@@ -66,7 +66,7 @@ def blocks_for_budget(model: Transformer, budget_bytes: int, block_size: int, kv
     return int(budget_bytes // (block_size * per_token))
 
 
-def run(model: Transformer, wl: Workload, budget_bytes: int, *, block_size: int = 16, kv_reserve: str = "on_demand",
+def run(model: Transformer, wl: LengthMix, budget_bytes: int, *, block_size: int = 16, kv_reserve: str = "on_demand",
         kv_dtype: str = "model", max_batch: int = 512, seed: int = 0) -> dict[str, Any]:
     """Serve `wl` at `budget_bytes` of KV memory; the module doc defines the figures."""
     blocks = blocks_for_budget(model, budget_bytes, block_size, kv_dtype)
@@ -99,7 +99,7 @@ def run(model: Transformer, wl: Workload, budget_bytes: int, *, block_size: int 
                 preemptions=sum(r.preemptions for r in reqs))
 
 
-def predict(wl: Workload, capacity_tokens: int, block_size: int, kv_reserve: str) -> dict[str, float]:
+def predict(wl: LengthMix, capacity_tokens: int, block_size: int, kv_reserve: str) -> dict[str, float]:
     """What the arithmetic says before running: waste and max concurrency.
 
     max_len reservation: every sequence holds max_len slots, so concurrency is exact,
@@ -117,7 +117,7 @@ def decode_speed(model: Transformer, kv_dtype: str, batch: int = 8, prompt: int 
                  block_size: int = 16, repeat: int = 3, seed: int = 0) -> float:
     """Generated tokens/s of `batch` identical-length requests through the engine (best of
     `repeat` runs, fresh engine each, so int8 and model-dtype KV see the same work)."""
-    wl = Workload(np.full(batch, prompt), np.full(batch, output), prompt + output)
+    wl = LengthMix(np.full(batch, prompt), np.full(batch, output), prompt + output)
     budget = kv_cache_bytes(model.config, batch, prompt + output, model.dtype, block_size)
     return max(run(model, wl, budget, block_size=block_size, kv_dtype=kv_dtype, max_batch=batch,
                    seed=seed)["tokens_per_s"] for _ in range(repeat))
