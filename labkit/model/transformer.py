@@ -16,7 +16,7 @@ each eager op costs a few µs of dispatch, so every small op counts):
   one unpadded sequence), hidden states stay 2-D (B·T, dim) so linears are one mm;
 * how each linear multiplies (weight layout; ``x @ W.T``, ``(W @ x.T).T`` or the K axis
   split across threads) is chosen per batch size by `Transformer.tune_matmul`, by timing
-  them on this machine.
+  them on this machine (`labkit.model.matmul`).
 
 Inference goes through a static `KVCache`; `prefill()` runs a prompt (or a chunk
 of one) and `decode_step()` one token per sequence. `forward()` is the cache-free
@@ -33,13 +33,8 @@ import torch.nn.functional as F
 
 from labkit.model.config import LLAMA3_KEYS, ModelConfig, get_config
 from labkit.model.kv_quant import check_kv_dtype, dequantize_kv, quantize_kv
-from labkit.timing import measure
-
-
-WEIGHT_LAYOUTS = ("nk", "kn")
-# Layout the inference constructors (from_preset, load_checkpoint, load_hf_llama) pick;
-# see Transformer.set_weight_layout for the measurement behind it.
-INFERENCE_LAYOUT = "kn"
+from labkit.model.matmul import INFERENCE_LAYOUT, Linear, set_weight_layout, tune_matmul
+from labkit.model.matmul import MATMUL_FORMS, WEIGHT_LAYOUTS, split_k_matmul  # noqa: F401  (re-exported)
 
 
 class KVCache:
@@ -204,55 +199,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
-MATMUL_FORMS = ("xw", "wx", "split")
-
-
-def split_k_matmul(x: torch.Tensor, w: torch.Tensor, splits: int) -> torch.Tensor:
-    """``x @ w.T`` for x (M, K), w (N, K), computed as `splits` partial products over
-    equal blocks of the K axis in one batched matmul, then summed: (M, N).
-
-    Why: at M = 1 the BLAS here runs ``x @ w.T`` as a GEMV on a single thread (measured:
-    the same GB/s at 1 and 2 threads), while ``bmm`` hands its batch entries to different
-    threads. Each block of ``w.T`` is a view in either weight layout, so nothing is copied;
-    only the rounding order of the K sum changes. K must be a multiple of `splits`."""
-    M, K = x.shape
-    if splits < 1 or K % splits:
-        raise ValueError(f"split_k_matmul needs splits >= 1 dividing K={K}, got splits={splits!r}")
-    if x.device.type == "cpu" and torch.compiler.is_compiling():
-        # Inductor lowers a CPU bmm with one row per batch entry to its own multiply-and-sum
-        # loop (torch/_inductor/kernel/bmm.py, "memory bound"), measured 2x slower than
-        # the BLAS GEMV here (small b1: 44 vs 23 ms per step); a plain mm stays a BLAS call.
-        return x @ w.t()
-    y = torch.bmm(x.reshape(M, splits, K // splits).transpose(0, 1), w.t().view(splits, K // splits, -1))
-    return y.sum(0)
-
-
-class Linear(nn.Linear):
-    """nn.Linear on 2-D input (M, K) that multiplies in the form `forms[M]` chooses:
-    "xw" (the default) ``x @ W.T``, "wx" ``(W @ x.T).T``, or "split" (`split_k_matmul`
-    with `splits` blocks). Same values up to rounding order; the BLAS call differs, and
-    which one is fastest at small M depends on the CPU, the thread count and the weight
-    layout, so `Transformer.tune_matmul` measures it (no setting is right on every machine)."""
-
-    forms: dict[int, str] = {}
-    splits: int = 2
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() != 2:
-            return F.linear(x, self.weight, self.bias)
-        # mm/addmm directly: F.linear on CPU goes through matmul and ~8 dispatches, and a
-        # decode step of a small model is mostly dispatch overhead
-        form = self.forms.get(x.shape[0], "xw")
-        if form == "xw":
-            w = self.weight.t()
-            return torch.mm(x, w) if self.bias is None else torch.addmm(self.bias, x, w)
-        if form == "wx":
-            y = torch.mm(self.weight, x.t()).t()
-        else:
-            y = split_k_matmul(x, self.weight, self.splits)
-        return y if self.bias is None else y + self.bias
-
-
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
@@ -394,90 +340,14 @@ class Transformer(nn.Module):
         return n
 
     def set_weight_layout(self, layout: str) -> "Transformer":
-        """Store every linear layer's weight as "nk" (PyTorch's default: N×K row-major) or
-        "kn" (the same N×K parameter as a transposed view of a K×N row-major block).
-
-        Why: ``F.linear(x, W)`` multiplies by ``W.T``; in the "kn" layout ``W.T`` is a
-        contiguous K×N matrix, and the BLAS on some CPUs streams that layout far faster
-        at small batch (measured here: the tiny model's 17 weight matrices at batch 1,
-        1.75 ms "nk" vs 0.83 ms "kn"). Values, shapes, names and checkpoints are
-        unchanged. A tied output head gets its own transposed copy (the embedding
-        lookup keeps the row-major table), which costs vocab·dim more memory.
-        """
-        if layout not in WEIGHT_LAYOUTS:
-            raise ValueError(f"weight layout {layout!r} not allowed; choose one of {WEIGHT_LAYOUTS}")
-        tied = self.config.tie_embeddings
-        with torch.no_grad():
-            for mod in self.modules():
-                if not isinstance(mod, nn.Linear) or (mod is self.output and tied):
-                    continue
-                w = mod.weight.detach()
-                mod.weight.data = w.t().contiguous().t() if layout == "kn" else w.contiguous()
-            if tied:
-                emb = self.tok_embeddings.weight
-                self.output.weight = emb if layout == "nk" else nn.Parameter(
-                    emb.detach().t().contiguous().t(), requires_grad=emb.requires_grad)
-        self.weight_layout = layout
-        return self
+        """Store every linear layer's weight as "nk" or "kn" (`labkit.model.matmul.set_weight_layout`)."""
+        return set_weight_layout(self, layout)
 
     def tune_matmul(self, batches: tuple[int, ...] = (1, 8), repeat: int = 3, steps: int = 4,
                     context: int = 16) -> dict:
-        """Choose by measurement, on this machine and thread count, how the linear layers
-        multiply at decode batch b (b in `batches`): the weight layout (one for all b: "nk"
-        or "kn", see `set_weight_layout`) and per b the form, ``F.linear(x, W)`` ("xw"),
-        ``(W @ x.T).T`` ("wx") or the K axis split across threads ("split",
-        `split_k_matmul`; a candidate when torch has >= 2 threads and they divide every
-        layer's K). Returns ``{"layout": ..., "forms": {b: form}, "splits": s,
-        "seconds": {(layout, b, form): s per decode step}}``.
-
-        Why measure: at small M these BLAS calls differ 2x and more, and which wins differs
-        between CPUs (chapter 1's layout measurement). Why whole decode steps (`steps` of
-        them after a `context`-token prompt, best of `repeat` interleaved rounds; a way
-        measured at over 2x the best for its batch drops out after one round) rather
-        than each matmul alone: a matmul timed alone finds its weights in cache, while in
-        a step they stream in after everything else; on the tiny model here that ranked
-        the forms backwards. Values are unchanged; only rounding order may differ."""
-        linears = [mod for mod in self.modules() if isinstance(mod, Linear)]
-        splits = torch.get_num_threads()
-        can_split = splits > 1 and all(mod.weight.shape[1] % splits == 0 for mod in linears)
-        forms_here = MATMUL_FORMS if can_split else ("xw", "wx")
-        seconds = {(lay, b, f): math.inf for lay in WEIGHT_LAYOUTS for b in batches for f in forms_here}
-        caches = {b: self.new_cache(b, context + steps) for b in batches}
-        with torch.inference_mode():
-            for b, cache in caches.items():
-                self.prefill(torch.ones(b, context, dtype=torch.long, device=self.device), cache)
-            for round_ in range(repeat + 1):  # round 0 warms up
-                for lay in WEIGHT_LAYOUTS:
-                    self.set_weight_layout(lay)
-                    for b, f in [(b, f) for (la, b, f) in seconds if la == lay]:
-                        best_b = min(t for (_, bb, _), t in seconds.items() if bb == b)
-                        if math.isfinite(seconds[lay, b, f]) and seconds[lay, b, f] > 2 * best_b:
-                            continue  # measured once at over 2x the best: out of the running
-                        self._use_forms({b: f}, splits, linears)
-                        cache, tokens = caches[b], torch.ones(b, dtype=torch.long, device=self.device)
-
-                        def run(cache=cache, tokens=tokens):
-                            cache.rewind(context)  # same context every time: the same work
-                            for _ in range(steps):
-                                self.decode_step(tokens, cache)
-                        t = measure(run, warmup=0, repeat=1, device=self.device).median / steps
-                        if round_:
-                            seconds[lay, b, f] = min(seconds[lay, b, f], t)
-        forms = {lay: {b: min(forms_here, key=lambda f: seconds[lay, b, f]) for b in batches}
-                 for lay in WEIGHT_LAYOUTS}
-        # one layout serves every batch size: the one whose worst slowdown against the best
-        # way for some batch is smallest (plain seconds would let batch 8 outvote batch 1)
-        fastest = {b: min(t for (_, bb, _), t in seconds.items() if bb == b) for b in batches}
-        layout = min(WEIGHT_LAYOUTS, key=lambda lay: max(seconds[lay, b, forms[lay][b]] / fastest[b]
-                                                          for b in batches))
-        self.set_weight_layout(layout)
-        self._use_forms({b: f for b, f in forms[layout].items() if f != "xw"}, splits, linears)
-        return {"layout": layout, "forms": forms[layout], "splits": splits, "seconds": seconds}
-
-    @staticmethod
-    def _use_forms(forms: dict[int, str], splits: int, linears: list[Linear]) -> None:
-        for mod in linears:
-            mod.forms, mod.splits = forms, splits
+        """Choose this machine's weight layout and matmul form per decode batch by timing
+        decode steps (`labkit.model.matmul.tune_matmul`)."""
+        return tune_matmul(self, batches, repeat, steps, context)
 
     def weight_bytes_per_step(self, batch: int = 1) -> int:
         """Bytes of weights one decode step must read: every matrix and norm once, plus
