@@ -76,17 +76,10 @@ def phase_models(model: Any, dtypes: Mapping[str, str]) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------- analytic
-def decoder_shape(cfg: Any, name: str = "model") -> roofline.DecoderShape:
-    """The roofline's `DecoderShape` of a `labkit.model.ModelConfig`."""
-    return roofline.DecoderShape(name, layers=cfg.n_layers, d_model=cfg.dim, heads=cfg.n_heads,
-                                 kv_heads=cfg.n_kv_heads, d_ff=cfg.hidden_dim, vocab=cfg.vocab_size,
-                                 head_dim=cfg.head_dim)
-
-
 def analytic(cfg: Any, roof: roofline.Roofline, phase: str, *, batch: int = 1, seq_len: int = 1,
              context: int = 1, dtype: str = "fp32") -> dict[str, float]:
     """Whole-model FLOPs, bytes, intensity (FLOP/B) and roofline time (s) of one step."""
-    rows = roofline.layer_costs(decoder_shape(cfg), roof, phase, batch=batch, seq_len=seq_len,
+    rows = roofline.layer_costs(cfg, roof, phase, batch=batch, seq_len=seq_len,
                                 context=context, dtype=dtype)
     return roofline.totals(rows)
 

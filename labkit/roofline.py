@@ -26,7 +26,6 @@ from labkit.plots import axes, caption, place_labels, tidy_log_axes
 HARDWARE_CSV = DATA / "hardware.csv"
 DTYPE_COLUMNS = {"fp32": "fp32_tflops", "tf32": "tf32_tflops", "bf16": "bf16_tflops",
                  "fp16": "fp16_tflops", "int8": "int8_tops"}
-DTYPE_BYTES = dtypes.BYTES  # bytes per element: labkit.dtypes
 
 
 # ------------------------------------------------------------------------------ ceilings
@@ -219,30 +218,6 @@ def plot(roof: Roofline, points: Iterable[Any] = (), ax=None, dtypes: Sequence[s
 
 
 @dataclasses.dataclass(frozen=True)
-class DecoderShape:
-    """A Llama-style decoder: RMSNorm, GQA attention, SwiGLU MLP, untied LM head."""
-
-    name: str
-    layers: int
-    d_model: int
-    heads: int
-    kv_heads: int
-    d_ff: int
-    vocab: int
-    head_dim: int = 0  # 0: d_model // heads
-
-    def __post_init__(self) -> None:
-        if self.heads % self.kv_heads:
-            raise ValueError(f"heads={self.heads} must be a multiple of kv_heads={self.kv_heads}")
-        if not self.head_dim:
-            object.__setattr__(self, "head_dim", self.d_model // self.heads)
-
-
-LLAMA2_7B = DecoderShape("Llama-2-7B", layers=32, d_model=4096, heads=32, kv_heads=32, d_ff=11008, vocab=32000)
-LLAMA3_8B = DecoderShape("Llama-3-8B", layers=32, d_model=4096, heads=32, kv_heads=8, d_ff=14336, vocab=128256)
-
-
-@dataclasses.dataclass(frozen=True)
 class LayerCost:
     """One layer type of one block: FLOPs and bytes of one instance; `count` instances per model."""
 
@@ -267,9 +242,10 @@ def _positive(**kw: int) -> None:
             raise ValueError(f"{k} must be an integer >= 1, got {v!r}")
 
 
-def layer_costs(cfg: DecoderShape, roof: Roofline, phase: str, *, batch: int = 1, seq_len: int = 1,
+def layer_costs(cfg: Any, roof: Roofline, phase: str, *, batch: int = 1, seq_len: int = 1,
                 context: int = 1, dtype: str = "bf16") -> list[LayerCost]:
-    """LLM-Viewer-style per-layer roofline of one forward step.
+    """LLM-Viewer-style per-layer roofline of one forward step of decoder `cfg` (a
+    `labkit.model.ModelConfig`, e.g. ``get_config("7b")``: Llama layout, RMSNorm, GQA, SwiGLU).
 
     prefill: `batch` prompts of `seq_len` tokens (causal attention, fused: no S×S scores
     in memory). decode: `batch` sequences each generating one token with `context` tokens
@@ -280,7 +256,7 @@ def layer_costs(cfg: DecoderShape, roof: Roofline, phase: str, *, batch: int = 1
         raise ValueError(f"phase must be 'prefill' or 'decode', got {phase!r}")
     _positive(batch=batch, seq_len=seq_len, context=context)
     b = dtypes.nbytes(dtype)
-    d, hd, H, Hkv, ff, L = cfg.d_model, cfg.head_dim, cfg.heads, cfg.kv_heads, cfg.d_ff, cfg.layers
+    d, hd, H, Hkv, ff, L = cfg.dim, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.hidden_dim, cfg.n_layers
     T = batch * (seq_len if phase == "prefill" else 1)  # tokens in this step
     kv_len = seq_len if phase == "prefill" else context
     pairs = batch * (seq_len * (seq_len + 1) / 2 if phase == "prefill" else context)
@@ -304,7 +280,7 @@ def layer_costs(cfg: DecoderShape, roof: Roofline, phase: str, *, batch: int = 1
         linear("up_proj", d, ff),
         ("silu_mul", L, 5 * T * ff, 0, 3 * T * ff * b, 0),
         linear("down_proj", ff, d),
-        linear("lm_head", d, cfg.vocab, tokens=batch, count=1),  # only the last token's logits
+        linear("lm_head", d, cfg.vocab_size, tokens=batch, count=1),  # only the last token's logits
     ]
     rows = []
     for name, count, flops, wb, ab, kb in specs:

@@ -10,7 +10,8 @@ from labkit.model import KVCache, ModelConfig, get_config
 from labkit.model.checkpoint import hf_config_to_labkit
 from labkit.model.kv_memory import (KVShape, kv_bytes_per_token, kv_cache_bytes, kv_shape,
                                     max_concurrent_sequences)
-from labkit.roofline import LLAMA2_7B, LLAMA3_8B
+
+LLAMA2_7B, LLAMA3_8B = get_config("7b"), get_config("8b")  # Llama-2-7B- and Llama-3-8B-shaped presets
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 

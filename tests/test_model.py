@@ -299,9 +299,10 @@ def test_preset_sizes():
     assert 80e6 <= get_config("small").num_params() <= 130e6
     assert 0.9e9 <= get_config("1b").num_params() <= 1.3e9
     assert 6e9 <= get_config("7b").num_params() <= 7.5e9
+    assert 7.5e9 <= get_config("8b").num_params() <= 8.5e9
     m = _small_model()
     assert m.num_params() == m.config.num_params()
-    assert set(PRESETS) == {"tiny", "small", "1b", "7b"}
+    assert set(PRESETS) == {"tiny", "small", "1b", "7b", "8b"}
 
 
 def test_perplexity_of_uniform_model_is_vocab_size():

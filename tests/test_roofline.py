@@ -5,6 +5,9 @@ import math
 import pytest
 
 from labkit import roofline as R
+from labkit.model.config import ModelConfig, get_config
+
+LLAMA2_7B, LLAMA3_8B = get_config("7b"), get_config("8b")  # the roofline reads the model presets
 
 
 @pytest.fixture
@@ -64,8 +67,8 @@ def test_unknown_hardware_falls_back_to_measured():
 
 def test_7b_decode_is_memory_bound_and_long_prefill_compute_bound(h100):
     ridge = h100.ridge("bf16")
-    dec = R.totals(R.layer_costs(R.LLAMA2_7B, h100, "decode", batch=1, context=1024))
-    pre = R.totals(R.layer_costs(R.LLAMA2_7B, h100, "prefill", seq_len=4096))
+    dec = R.totals(R.layer_costs(LLAMA2_7B, h100, "decode", batch=1, context=1024))
+    pre = R.totals(R.layer_costs(LLAMA2_7B, h100, "prefill", seq_len=4096))
     assert dec["intensity"] < ridge < pre["intensity"]
     # decode reads every weight once: ~6.6 G params x 2 bytes
     assert 12e9 < dec["weight_bytes"] < 14e9
@@ -76,17 +79,17 @@ def test_kv_bytes_per_token_use_kv_heads():
     from labkit.model.kv_memory import kv_bytes_per_token
 
     # Llama-3-8B: 2 · 32 layers · 8 kv_heads · 128 · 2 bytes = 131072 B/token (not 4x that)
-    assert kv_bytes_per_token(R.LLAMA3_8B, "bf16") == 131072
-    assert kv_bytes_per_token(R.LLAMA2_7B, "bf16") == 4 * 131072
+    assert kv_bytes_per_token(LLAMA3_8B, "bf16") == 131072
+    assert kv_bytes_per_token(LLAMA2_7B, "bf16") == 4 * 131072
     roof = R.Roofline.from_hardware("H100 SXM")
-    rows = R.layer_costs(R.LLAMA3_8B, roof, "decode", batch=1, context=1000)
+    rows = R.layer_costs(LLAMA3_8B, roof, "decode", batch=1, context=1000)
     kv_read = sum(r.kv_bytes * r.count for r in rows if r.name == "attention")
-    assert kv_read == 1000 * kv_bytes_per_token(R.LLAMA3_8B, "bf16")
+    assert kv_read == 1000 * kv_bytes_per_token(LLAMA3_8B, "bf16")
 
 
 def test_decode_batch_moves_linear_layers_toward_the_ridge(h100):
     def q_int(b):
-        return next(r for r in R.layer_costs(R.LLAMA2_7B, h100, "decode", batch=b, context=128)
+        return next(r for r in R.layer_costs(LLAMA2_7B, h100, "decode", batch=b, context=128)
                     if r.name == "q_proj").intensity
     assert q_int(1) < q_int(8) < q_int(64) < h100.ridge("bf16")
 
@@ -119,11 +122,11 @@ def test_assess_compares_prediction_and_measurement():
 @pytest.mark.parametrize("call, needle", [
     (lambda r: r.peak("fp8"), "'fp8'"),
     (lambda r: r.attainable(-1.0), "-1.0"),
-    (lambda r: R.layer_costs(R.LLAMA2_7B, r, "train"), "'train'"),
-    (lambda r: R.layer_costs(R.LLAMA2_7B, r, "decode", batch=0), "batch must be an integer >= 1, got 0"),
+    (lambda r: R.layer_costs(LLAMA2_7B, r, "train"), "'train'"),
+    (lambda r: R.layer_costs(LLAMA2_7B, r, "decode", batch=0), "batch must be an integer >= 1, got 0"),
     (lambda r: R.hardware("Z9000"), "Z9000"),
     (lambda r: R.Roofline("x", {"fp32": 1.0}, 0.0), "bandwidth must be > 0"),
-    (lambda r: R.DecoderShape("x", 1, 64, 6, 4, 128, 10), "kv_heads=4"),
+    (lambda r: ModelConfig(n_layers=1, dim=64, n_heads=6, n_kv_heads=4, head_dim=10), "kv_heads=4"),
 ])
 def test_bad_input_raises_value_error_naming_it(h100, call, needle):
     with pytest.raises(ValueError, match=needle):

@@ -19,7 +19,7 @@ import torch
 
 from labkit.bench import read_copy_bandwidth
 from labkit.device import threads as torch_threads
-from labkit.fusion import count, decode, elementwise, memory, overhead
+from labkit.fusion import count, decode, elementwise, fold, memory, overhead
 from labkit.model import Transformer, load_tiny
 from labkit.timing import measure
 
@@ -33,8 +33,6 @@ def fixed_cost_fit(device: Any = "cpu", widths: Sequence[int] = C6_WIDTHS, ops: 
     """Seconds per eager op (`overhead.per_op_cost_s`: mul, add, sin) at each width, the best of
     `rounds` interleaved rounds, and the least-squares line time = intercept + slope x elements.
     The intercept (s) is the fixed cost an op pays whatever its work."""
-    from labkit.fusion import overhead
-
     best = {w: float("inf") for w in widths}
     for _ in range(rounds):
         for w in widths:
@@ -64,8 +62,6 @@ def decode_step(model: Any, context: int = 32) -> Any:
 
 def count_step_ops(step: Any, device: Any = "cpu") -> int:
     """Ops the profiler sees in one call of `step` (counted, not timed)."""
-    from labkit.fusion import count
-
     return count.count_ops(step, device=device).ops
 
 
@@ -73,8 +69,6 @@ def measure_c6(n_ops: int, device: Any = "cpu", repeat: int = 20) -> dict[str, f
     """Ops counted by the profiler and seconds of one `TinyOps(n_ops)` forward: the fastest of
     `repeat` (the chain notebook 03 shows; the verdict of `labkit ledger` times a real model
     step with `measure_c6_step`)."""
-    from labkit.fusion import count, overhead
-
     dev = torch.device(device)
     model, x = overhead.TinyOps(n_ops).to(dev), torch.ones(16, device=dev)
     with torch.inference_mode():
@@ -97,8 +91,6 @@ def measure_c7(numel: int, device: Any = "cpu", repeat: int = 5, rounds: int = 5
     max |error| vs eager. On a CPU torch runs on `threads` threads (see
     `labkit.fusion.decode.DecodeBench.run`: inductor's OpenMP barriers stall on a shared
     machine). Raises whatever torch.compile raises when no compiler works."""
-    from labkit.fusion import count, elementwise
-
     dev = torch.device(device)
     out: dict[str, dict[str, float]] = {}
     with torch_threads(threads if dev.type == "cpu" else None), torch.inference_mode():
@@ -123,8 +115,6 @@ def measure_c8(batch: int = 8, channels: int = 32, hw: int = 56, inputs: int = 3
     """A ConvBNReLU block with random BN statistics, eval mode, vs its folded and fused form
     (`labkit.fusion.fold.fold_and_fuse`) on `inputs` random inputs: the max relative error,
     and ops (kernels) per call of each."""
-    from labkit.fusion import count, fold
-
     dev = torch.device(device)
     g = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)

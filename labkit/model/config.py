@@ -7,7 +7,11 @@ like well-known models so their bytes and FLOPs per token are realistic:
 * ``tiny``  ~4.2 M params (16.8 MB fp32), vocab 4096 (the workbook's tokenizer), trained on CPU;
 * ``small`` ~100 M params (GPT-2-small-like width, Llama layout, GQA);
 * ``1b``    TinyLlama-1.1B-shaped (22 layers, d=2048, GQA 32/4);
-* ``7b``    Llama-2-7B-shaped (32 layers, d=4096, MHA).
+* ``7b``    Llama-2-7B-shaped (32 layers, d=4096, MHA);
+* ``8b``    Llama-3-8B-shaped (32 layers, d=4096, GQA 32/8, vocab 128256).
+
+These are the shapes the roofline (`labkit.roofline.layer_costs`), the KV calculator and the
+simulator's roofline cost read: one `ModelConfig`, no second shape type.
 """
 
 from __future__ import annotations
@@ -122,6 +126,8 @@ PRESETS: dict[str, dict[str, Any]] = {
                hidden_dim=5632, max_seq_len=2048, norm_eps=1e-5, tie_embeddings=False),
     "7b": dict(vocab_size=32000, dim=4096, n_layers=32, n_heads=32, n_kv_heads=32,
                hidden_dim=11008, max_seq_len=4096, norm_eps=1e-5, tie_embeddings=False),
+    "8b": dict(vocab_size=128256, dim=4096, n_layers=32, n_heads=32, n_kv_heads=8,
+               hidden_dim=14336, max_seq_len=8192, rope_theta=500000.0, norm_eps=1e-5, tie_embeddings=False),
 }
 
 

@@ -11,7 +11,7 @@ labkit's int8 cache (`labkit.model.kv_quant`) stores it: ``head_dim + 4`` bytes 
 fp8 is counted without scales (servers use one scale per tensor or per head: a few bytes
 per layer, not per token).
 
-A config can be a `ModelConfig`, a `labkit.roofline.DecoderShape`, a dict (labkit's own
+A config can be a `ModelConfig`, a dict (labkit's own
 field names or a Hugging Face ``config.json``), or the path of a ``config.json`` (or of
 the directory holding it). From an HF config: ``num_hidden_layers``;
 ``num_key_value_heads`` (default ``num_attention_heads``; ``multi_query`` means 1);
@@ -52,7 +52,7 @@ class KVShape:
 
 
 def kv_shape(config: Any) -> KVShape:
-    """The `KVShape` of `config` (a ModelConfig, DecoderShape, dict, HF config.json or its path)."""
+    """The `KVShape` of `config` (a ModelConfig, dict, HF config.json or its path)."""
     if isinstance(config, KVShape):
         return config
     if isinstance(config, (str, Path)):

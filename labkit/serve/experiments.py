@@ -12,15 +12,19 @@
 from __future__ import annotations
 
 import time
-import time as _time
 from typing import Any, Sequence
 
 import numpy as np
+import torch
 
 from labkit import presets
 from labkit.device import threads
 from labkit.model import load_tiny
 from labkit.model.generate import generate
+from labkit.serve import cache_eval as cb
+from labkit.serve import kv_capacity as kb
+from labkit.serve.cache import SemanticCache, normalize_prompt
+from labkit.serve.engine import Engine, EngineConfig
 from labkit.sim import schedulers
 from labkit.stats import safe_threshold
 from labkit.tokenizer import load_tokenizer
@@ -32,10 +36,6 @@ def engine_step_times(model: Any, batches: Sequence[int] = (1, 8), prompt: int =
     sequences of a `prompt`-token prompt: every step after the prefill timed, the median per
     round, the best of `rounds` rounds interleaved across batches (a neighbour's burst then hits
     a round, not a batch size)."""
-    import torch
-
-    from labkit.serve.engine import Engine, EngineConfig
-
     gen = torch.Generator().manual_seed(0)
     best: dict[int, float] = {}
     for _ in range(rounds):
@@ -78,8 +78,6 @@ def _drive(eng: Any, plan: Sequence[tuple[float, list[int], int, int]]) -> list[
 
 
 def _engine(model: Any, queue: str, max_batch: int, n: int) -> Any:
-    from labkit.serve.engine import Engine, EngineConfig
-
     eng = Engine(model, EngineConfig(policy="continuous", max_batch=max_batch, max_queue=n + 1, max_model_len=256))
     # EngineConfig has no queue option: the same scheduler, ordering its queue by the
     # requests' `priority` (lower first) instead of by arrival alone.
@@ -147,8 +145,6 @@ def measure_c16(model: Any, capacity_rps: float, *, max_batch: int = 8, backlog:
 def allocated_bytes(cache: Any) -> int:
     """Bytes of tensor storage a KV cache object holds: every tensor attribute's storage,
     each storage counted once (views share one), read from the storages themselves."""
-    import torch
-
     seen: dict[int, int] = {}
     for t in vars(cache).values():
         if isinstance(t, torch.Tensor):
@@ -163,8 +159,6 @@ def measure_kv_growth(model: Any, batches: Sequence[int] = (1, 4, 16), lengths: 
     prompts of `length` tokens plus `new_tokens`, the cache it allocated captured (its own
     sizing, `kv_dtype` "model" or "int8") and its tensor storage measured (`allocated_bytes`).
     Nothing here computes bytes from a formula: the calculator is what the judge compares with."""
-    import torch
-
     gen = torch.Generator().manual_seed(0)
     rows = []
     own = model.new_cache
@@ -187,8 +181,6 @@ def measure_kv_growth(model: Any, batches: Sequence[int] = (1, 4, 16), lengths: 
 
 def c17_measure(setup: dict[str, Any]) -> dict[str, Any]:
     """KV growth on the engine, and peak running sequences: paged vs max-length, int8 vs model dtype."""
-    from labkit.serve import kv_capacity as kb
-
     model, budget = setup["model"], setup["budget"]
     out: dict[str, Any] = {"growth": measure_kv_growth(model), "int8_growth": measure_kv_growth(model, kv_dtype="int8")}
     for name, wl, kw in (("paged", setup["wl"], {"kv_reserve": "on_demand"}),
@@ -200,8 +192,6 @@ def c17_measure(setup: dict[str, Any]) -> dict[str, Any]:
 
 def _non_identical(pairs: list[dict]) -> np.ndarray:
     """Pairs whose prompts still differ once prepared as the semantic cache prepares them."""
-    from labkit.serve.cache import normalize_prompt
-
     return np.array([normalize_prompt(p["a"]).lower() != normalize_prompt(p["b"]).lower() for p in pairs])
 
 
@@ -209,8 +199,6 @@ def choose_c18(encoder: Any, precision: float = 0.99) -> dict[str, Any]:
     """On data/cache_eval/pairs.jsonl only: the lowest threshold (cosine alone, or with the
     lexical guard: whichever reuses more) from which hit precision on NON-IDENTICAL pairs
     stays >= `precision` (threshold None if none does)."""
-    from labkit.serve import cache_eval as cb
-
     pairs = cb.load_pairs()
     ev, m = cb.evaluate(encoder, pairs), _non_identical(pairs)
     best = None
@@ -227,8 +215,6 @@ def choose_c18(encoder: Any, precision: float = 0.99) -> dict[str, Any]:
 
 def heldout_c18(encoder: Any, chosen: dict[str, Any]) -> dict[str, int]:
     """Hits of the chosen threshold on data/cache_eval/heldout.jsonl's non-identical pairs."""
-    from labkit.serve import cache_eval as cb
-
     held = cb.load_pairs("heldout.jsonl")
     hv, hm = cb.evaluate(encoder, held), _non_identical(held)
     out = {"held_same": int((hv["same_mask"] & hm).sum()), "held_true": 0, "held_false": 0}
@@ -261,8 +247,6 @@ def measure_c18_trace(encoder: Any, chosen: dict[str, Any], model: Any, tokenize
     through the semantic cache at the chosen threshold (model only on a miss). Counts model
     calls, times each request (s), and scores each hit: right only when it reuses the answer
     of the same prompt asked before, or of a same-meaning pair's first prompt."""
-    from labkit.serve.cache import SemanticCache, normalize_prompt
-
     if chosen["threshold"] is None:
         raise ValueError("no threshold was chosen (choose_c18 found none): nothing to serve with")
     cache = SemanticCache(encoder, chosen["threshold"], guard=chosen["variant"] == "guarded")
@@ -282,15 +266,15 @@ def measure_c18_trace(encoder: Any, chosen: dict[str, Any], model: Any, tokenize
         # a repeat: the same meaning was asked before (the same prompt, or a same-meaning pair's second)
         repeats += norm.lower() in asked or same_as_a
         asked.add(norm.lower())
-        t0 = _time.perf_counter()
+        t0 = time.perf_counter()
         answer(prompt)
-        base_s.append(_time.perf_counter() - t0)
-        t0 = _time.perf_counter()
+        base_s.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
         hit = cache.lookup("ledger", prompt, params)
         if hit is None:
             cache.put("ledger", prompt, params, answer(prompt))
             calls += 1
-        cached_s.append(_time.perf_counter() - t0)
+        cached_s.append(time.perf_counter() - t0)
         if hit is not None:
             ok = hit.prompt.lower() == norm.lower() or (same_as_a and hit.prompt == normalize_prompt(pairs[i]["a"]))
             right, wrong = right + ok, wrong + (not ok)
@@ -302,8 +286,6 @@ def trace_c18(encoder: Any, chosen: dict[str, Any], size: str = "smoke", model: 
     """`measure_c18_trace` on the held-out pairs with the trained tiny model (one torch thread;
     48 new tokens per answer, the mean output of chapter 6's chat traffic; full: 128);
     None when no threshold was chosen."""
-    from labkit.serve import cache_eval as cb
-
     if chosen["threshold"] is None:
         return None
     with threads(1):

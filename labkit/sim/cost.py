@@ -120,17 +120,18 @@ class RooflineCost:
     source: str = ""
 
     @classmethod
-    def for_hardware(cls, hardware: str, shape: Any = None, dtype: str = "bf16",
-                     efficiency: float = 0.6, overhead_s: float = 0.0) -> "RooflineCost":
-        """The roofline model of decoder `shape` (a `labkit.roofline.DecoderShape`, default
-        Llama-3-8B) on the `data/hardware.csv` row named `hardware`."""
-        from labkit import roofline
+    def for_hardware(cls, hardware: str, model: str = "8b", dtype: str = "bf16", efficiency: float = 0.6,
+                     overhead_s: float = 0.0, label: str = "Llama-3-8B") -> "RooflineCost":
+        """The roofline model of decoder preset `model` (a `labkit.model.config` preset: "8b" is
+        Llama-3-8B-shaped; `label` names it) on the `data/hardware.csv` row named `hardware`."""
+        from labkit import dtypes, roofline
+        from labkit.model.config import get_config
 
-        shape = shape or roofline.LLAMA3_8B
+        c = get_config(model)
         roof = roofline.Roofline.from_hardware(roofline.hardware(hardware))
-        return cls(shape.layers, shape.d_model, shape.heads, shape.kv_heads, shape.head_dim, shape.d_ff,
-                   shape.vocab, roof.peak(dtype), roof.bandwidth, roofline.DTYPE_BYTES[dtype], efficiency,
-                   overhead_s, name=f"roofline {roof.name} {shape.name} {dtype}", source=roof.source)
+        return cls(c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim, c.hidden_dim, c.vocab_size,
+                   roof.peak(dtype), roof.bandwidth, dtypes.nbytes(dtype), efficiency, overhead_s,
+                   name=f"roofline {roof.name} {label} {dtype}", source=roof.source)
 
     @property
     def params(self) -> int:

@@ -38,7 +38,7 @@ def reference(hardware: str = "A100 80GB SXM", efficiency: float = 0.6, utilizat
     """Llama-3-8B bf16 on `hardware` (a data/hardware.csv name): roofline cost, KV capacity from memory."""
     from labkit import roofline
 
-    rc = RooflineCost.for_hardware(hardware, roofline.LLAMA3_8B, "bf16", efficiency=efficiency)
+    rc = RooflineCost.for_hardware(hardware, "8b", "bf16", efficiency=efficiency)
     mem = float(roofline.hardware(hardware)["memory_gb"]) * 1e9
     cap = kvmod.capacity_tokens(mem, rc.weight_bytes, rc.kv_bytes_per_token, utilization)
     return Setup(rc, cap, max_batch=max_batch)
