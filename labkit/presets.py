@@ -203,6 +203,11 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "smoke": {"lookup_repeat": 1, "index_sizes": [1_000, 10_000], "server_requests": 4},
         "full": {"lookup_repeat": 3, "index_sizes": [1_000, 10_000, 100_000], "server_requests": 8},
     },
+    # `python -m labkit.benches.check`: triad rounds, square GEMM sizes and their paired rounds.
+    "bench_check": {
+        "smoke": {"triad_rounds": 5, "matmul_sizes": [512, 1024], "matmul_rounds": 3},
+        "full": {"triad_rounds": 10, "matmul_sizes": [1024, 2048], "matmul_rounds": 5},
+    },
     "serve_overhead": {
         "smoke": {"batch": 16, "requests": 32, "prompt": 32, "output": 64, "rounds": 2},
         "full": {"batch": 16, "requests": 48, "prompt": 32, "output": 128, "rounds": 3},

@@ -1,6 +1,6 @@
 """Is labkit measuring right? Compare it, in one run, with the plainest references.
 
-    python -m labkit.benches.check        (or: labkit bench --check)
+    python -m labkit.benches.check [--size smoke|full]       (or: labkit bench --check)
 
 **Triad.** labkit's triad (``torch.add(b, c, alpha=s, out=a)``, one pass) is compared
 with a numpy kernel that has *the same memory access pattern*: ``np.add(b, c, out=a)``
@@ -44,7 +44,7 @@ import time
 import numpy as np
 import torch
 
-from labkit import timing
+from labkit import presets, timing
 from labkit.bench import zoo
 from labkit.bench.core import last_level_cache_bytes, run_kernel, threads
 
@@ -185,10 +185,14 @@ def matmul(sizes: tuple[int, ...] = (1024, 2048), rounds: int = 5) -> dict[str, 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m labkit.benches.check", description=__doc__.split("\n")[0])
-    ap.add_argument("--matmul-sizes", type=int, nargs="+", default=[1024, 2048],
-                    help="square GEMM sizes n compared (default 1024 2048)")
+    ap.add_argument("--size", default="full", choices=presets.RUN_SIZES,
+                    help="smoke: fewer rounds, smaller GEMMs; full: the sizes the targets are set for (default)")
+    ap.add_argument("--quick", dest="size", action="store_const", const="smoke", help="the same as --size smoke")
+    ap.add_argument("--matmul-sizes", type=int, nargs="+", default=None,
+                    help="square GEMM sizes n compared (default: the size's, full 1024 2048)")
     args = ap.parse_args(argv)
-    t = triad()
+    P = presets.sizes("bench_check", args.size)
+    t = triad(rounds=P["triad_rounds"])
     gb = 1e9
     print(f"triad: {t['n'] / 1e6:.1f} M float64 per array, working set {t['working_set_bytes'] / 2**20:.0f} MiB "
           f"= {t['working_set_bytes'] / t['llc_bytes']:.1f} x LLC ({t['llc_bytes'] / 2**20:.0f} MiB); "
@@ -206,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     ok_t = abs(t["ratio"] - 1) <= TRIAD_TARGET
     print(f"  labkit / numpy (same access pattern, same thread count, median of back-to-back pairs): {t['ratio']:.3f}  "
           f"target within {TRIAD_TARGET:.0%}: {'PASS' if ok_t else 'FAIL'}")
-    m = matmul(tuple(args.matmul_sizes))
+    m = matmul(tuple(args.matmul_sizes or P["matmul_sizes"]), rounds=P["matmul_rounds"])
     ok_m = m["ratio"] >= MATMUL_TARGET
     print(f"matmul fp32: labkit best {m['labkit_flop_per_s'] / gb:.1f} GFLOP/s (n={m['n']}, median) vs best "
           f"torch.matmul {m['torch_best_flop_per_s'] / gb:.1f} GFLOP/s (n={m['ref_n']}): ratio {m['ratio']:.3f} "

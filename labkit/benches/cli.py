@@ -40,7 +40,7 @@ def main(args: argparse.Namespace) -> int:
     if args.check:
         from labkit.benches import check
 
-        return check.main([])
+        return check.main(["--size", args.size])
 
     t0 = time.perf_counter()
     report = suites.run(args.size, args.device,
