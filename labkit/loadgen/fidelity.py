@@ -377,7 +377,7 @@ class ServedCost:
     * `request_s`: a fixed latency per request (s) that occupies no step: HTTP parsing,
       tokenization, thread hand-offs; added to every simulated TTFT and E2E."""
 
-    step: _cost.LinearCost
+    step: LinearCost
     mixed_extra_s: float = 0.0
     request_s: float = 0.0
     name: str = "served"
