@@ -31,9 +31,12 @@ from labkit.serve import kv_capacity as kb
 # continuous must cut static's p99 E2E by >= P99_GAIN x at >= KEEP x its throughput, and the
 # shortest quarter of requests must wait >= P99_GAIN x less.
 AMORTISE, P99_GAIN, KEEP = 0.5, 1.2, 0.95
+C15_TOLERANCE = (f"gain >= {AMORTISE:g}x predicted; p99 and short-request ratios >= {P99_GAIN:g}x; "
+                 f"throughput >= {KEEP:g}x")
 # C16: FIFO "hurts" = interactive p99 TTFT >= HURT x the interactive class alone; priority
 # "fixes" = removes >= FIX of that excess.
 HURT, FIX = 2.0, 0.75
+C16_TOLERANCE = f"FIFO >= {HURT:g}x alone; priority removes >= {100 * FIX:.0f}% of FIFO's excess"
 # C17: linear = R^2 >= R2 and every point within DEV of the fit, slope within DEV of the
 # model's bytes per token (block rounding is the allowed slack); "fit more" = >= MORE x.
 R2, DEV, MORE = 0.99, 0.15, 1.2
@@ -71,9 +74,7 @@ def judge_c15(prediction: Prediction, step_1_s: float, step_b_s: float, batch: i
     return settle(prediction, problems,
                   why_holds=f"batch {batch} amortised the weight reads ({gain:.1f}x tokens/step); static held short "
                             f"requests {short:.1f}x longer and continuous cut p99 E2E {p99:.1f}x",
-                  evidence=ev,
-                  tolerance=f"gain >= {AMORTISE:g}x predicted; p99 and short-request ratios >= {P99_GAIN:g}x; "
-                            f"throughput >= {KEEP:g}x")
+                  evidence=ev, tolerance=C15_TOLERANCE)
 
 
 def run_c15(size: str = "smoke", device: Any = None) -> Verdict:
@@ -136,8 +137,7 @@ def judge_c16(prediction: Prediction, alone_p99_s: float, fifo_p99_s: float, pri
     return settle(prediction, problems,
                   why_holds=f"one FIFO queue made interactive p99 TTFT {hurt:.1f}x its alone value; priority "
                             f"removed {100 * removed:.0f}% of that",
-                  evidence=ev,
-                  tolerance=f"FIFO >= {HURT:g}x alone; priority removes >= {100 * FIX:.0f}% of FIFO's excess")
+                  evidence=ev, tolerance=C16_TOLERANCE)
 
 
 def run_c16(size: str = "smoke", device: Any = None) -> Verdict:
