@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+from labkit import paths
 from labkit.paths import NOTEBOOKS, REPO
 
 KERNEL_NAME = "labkit"
@@ -24,8 +28,6 @@ def make_work_copies(work: Path = REPO / "work", source: Path = NOTEBOOKS) -> li
     work/ (git-ignored) and the committed notebooks stay clean. An existing copy is never
     overwritten; delete it to start that chapter afresh.
     """
-    import shutil
-
     work.mkdir(parents=True, exist_ok=True)
     made = []
     for nb in discover(source):
@@ -64,8 +66,6 @@ def _local_kernel_manager() -> type:
     """A kernel manager that talks to the kernel over Unix sockets in a private temporary
     folder instead of loopback TCP: nothing else on the machine can connect, and ipykernel
     has no reason to warn that the channel is unencrypted."""
-    import tempfile
-
     from jupyter_client.manager import AsyncKernelManager
     from traitlets import Unicode
 
@@ -90,11 +90,7 @@ def run_notebook(path: Path, out_dir: Path, *, size: str = "smoke", kernel: str 
     Raises papermill's PapermillExecutionError on a cell error (the message names
     the failing cell and exception); `timeout_s` is the per-cell limit in seconds.
     """
-    import os
-
     import papermill as pm
-
-    from labkit import paths
 
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / path.name

@@ -21,7 +21,9 @@ from labkit import device as _device
 from labkit import roofline
 from labkit.bench import Report, fingerprint, itemsize, last_level_cache_bytes, run_kernel
 from labkit.bench.zoo import DTYPES as TORCH_DTYPES
+from labkit.model import generate
 from labkit.model.kv_memory import kv_bytes_per_token
+from labkit.plots import tidy_log_axes
 from labkit.timing import percentile, time_decode_steps
 
 
@@ -144,8 +146,6 @@ def time_decode(model: Any, batches: Sequence[int], contexts: Sequence[int], roo
 
 def cache_vs_nocache(model: Any, prompt_len: int, new_tokens: int, seed: int = 0) -> dict[str, float]:
     """Seconds to generate `new_tokens` greedily with and without the KV cache."""
-    from labkit.model import generate
-
     prompt = torch.randint(0, model.config.vocab_size, (1, prompt_len),
                            generator=torch.Generator().manual_seed(seed)).tolist()
     out = {}
@@ -197,7 +197,6 @@ def plot_phases(prefill: list[dict], decode: list[dict]):
     for r in prefill[-1:]:
         c.axhline(r["tokens_per_s"], color="k", ls=":", label=f"prefill, {r['prompt_len']}-token prompt")
     c.set(xlabel="batch (sequences)", ylabel="tokens/s", title="throughput")
-    from labkit.plots import tidy_log_axes
 
     for ax, xs in ((a, T), (b, B), (c, B)):
         tidy_log_axes(ax)  # plain numbers on the y axis, no "6x10^1"-style minor labels

@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import json
 import math
+import platform
 import sys
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from labkit.device import describe
 from labkit.model.checkpoint import save_checkpoint
 from labkit.model.config import get_config
 from labkit.model.evaluate import perplexity, unigram_perplexity
@@ -27,6 +29,7 @@ from labkit.model.generate import SamplingParams, generate
 from labkit.model.transformer import Transformer
 from labkit.paths import CORPUS, TINY
 from labkit.session import seed_everything
+from labkit.tokenizer import load_tokenizer
 
 
 @dataclasses.dataclass
@@ -162,8 +165,6 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     tc = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
 
-    from labkit.tokenizer import load_tokenizer
-
     t_start = time.perf_counter()
     seed_everything(tc.seed)
     tok = load_tokenizer(args.tokenizer)
@@ -190,10 +191,6 @@ def main(argv: list[str] | None = None) -> int:
                    sampling=SamplingParams(temperature=0.8, top_k=40), stop_tokens=[tok.eos_id])[0]
     sample = tok.decode(prompt + out)
     print(sample, flush=True)
-
-    import platform
-
-    from labkit.device import describe
 
     figures.update(params=model.num_params(), bytes=model.num_params() * 4, val_ppl=val_ppl,
                    unigram_ppl=uni_ppl, valid_tokens=valid_ids.numel(),

@@ -12,6 +12,9 @@ import dataclasses
 import torch
 import torch.nn as nn
 
+from labkit.bench.suites import dispatch_overhead
+from labkit.timing import measure
+
 
 class TinyOps(nn.Module):
     """`n_ops` elementwise ops on a tiny tensor: almost no work, all overhead.
@@ -43,8 +46,6 @@ def per_op_cost_s(device: torch.device | str = "cpu", width: int = 16, ops: int 
     output, the dispatcher's floor) this includes the allocation and scalar wrapping the
     model's ops pay, so it is the cost C6's prediction multiplies by the op count.
     """
-    from labkit.timing import measure
-
     if width < 1 or ops < 1:
         raise ValueError(f"width and ops must be >= 1, got width={width}, ops={ops}")
     dev = torch.device(device)
@@ -62,8 +63,6 @@ def per_op_cost_s(device: torch.device | str = "cpu", width: int = 16, ops: int 
 
 def per_op_overhead_s(device: torch.device | str = "cpu", ops: int = 1000) -> float:
     """Seconds one tiny eager op costs on `device`, from `labkit.bench.dispatch_overhead`."""
-    from labkit.bench.suites import dispatch_overhead
-
     return dispatch_overhead(torch.device(device), ops=ops).time_s / ops
 
 
