@@ -11,8 +11,7 @@ Shared by every chapter (import them from anywhere in labkit):
   ``report`` (plain-text tables of result rows), ``session`` (a notebook's first call),
   ``device`` (pick a device, telemetry), ``timing`` (timers, `Stats`, spans, decode-step timing),
   ``plots`` (`axes`, `caption`, `tidy_log_axes`), ``presets`` (notebook parameters by
-  size), ``benchkit`` (the flags and JSON every ``python -m labkit.*.bench`` shares),
-  ``roofline`` (ceilings and the analytic transformer costs; notebook 02 teaches it, the
+  size), ``roofline`` (ceilings and the analytic transformer costs; notebook 02 teaches it, the
   simulator and the KV calculator use it), ``tokenizer``, ``train`` (the tiny checkpoint),
   ``exercise`` (Your-turn cells), and the command line: ``cli``, ``doctor``,
   ``notebooks``, ``book``.
@@ -23,7 +22,8 @@ Chapter 1 only (notebook 01, verdicts in ``labkit.ledger.ch1``):
 
 Chapters 2-6 are packages: ``bench``, ``fusion``, ``quant``, ``prune``, ``distill``,
 ``sim``, ``serve``, ``loadgen``; ``model`` is the decoder they all time, ``ledger`` the
-claims and verdicts.
+claims and verdicts, ``benches`` the programs on top (``python -m labkit.benches.<name>``,
+with ``benches.kit`` the flags and JSON they share).
 """
 
 __version__ = "0.1.0"

@@ -48,7 +48,7 @@ def _bench_records(d: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _read_rates(records: Iterable[dict[str, Any]]) -> list[float]:
-    """Read bandwidths (bytes/s) a bench measured: `bandwidth.read` and `read_ceiling` (labkit.model.bench)."""
+    """Read bandwidths (bytes/s) a bench measured: `bandwidth.read` and `read_ceiling` (labkit.benches.model)."""
     out = []
     for rec in records:
         res = rec.get("results")

@@ -27,13 +27,13 @@ nvidia-smi -L | tee "$OUT/nvidia-smi.txt" || echo "no nvidia-smi: not a GPU mach
 step doctor      60 "$PY" -c "from labkit import device; print(device.describe().report())"
 step bench      240 "$PY" -m labkit bench --device cuda --out "$OUT/bench.json"
 step bench_check 60 "$PY" -m labkit.benches.check
-step model_bench 300 "$PY" -m labkit.model.bench --device cuda --dtype bf16 --presets tiny,1b \
+step model_bench 300 "$PY" -m labkit.benches.model --device cuda --dtype bf16 --presets tiny,1b \
   --compile --compile-presets 1b --json "$OUT/model_bench.json"
-step sim_bench   60 "$PY" -m labkit.sim.bench
+step sim_bench   60 "$PY" -m labkit.benches.sim
 step sparse24    60 "$PY" -m labkit.benches.prune --gemm24-only
 # The case study runs its server on the CPU: a many-core box shows what the lock costs when the fixed
 # service has cores to spare (on 2 cores the fixed service queues too).
-step case_bench 480 "$PY" -m labkit.loadgen.case_bench --json "$OUT/case_bench.json"
+step case_bench 480 "$PY" -m labkit.benches.case_study --json "$OUT/case_bench.json"
 if "$PY" -c "import papermill" 2>/dev/null; then
   step notebooks 600 "$PY" -m labkit notebooks --size full --out "$OUT/notebooks"
 else

@@ -154,22 +154,22 @@ def test_check_compares_like_with_like_in_back_to_back_pairs():
 
 
 # ------------------------------------------------------------------ one bench convention
-BENCH_MODULES = ["labkit.sim.bench", "labkit.model.bench", "labkit.benches.fusion", "labkit.benches.quant",
+BENCH_MODULES = ["labkit.benches.sim", "labkit.benches.model", "labkit.benches.fusion", "labkit.benches.quant",
                  "labkit.benches.prune", "labkit.benches.distill", "labkit.benches.kv", "labkit.benches.cache",
                  "labkit.benches.overhead",
-                 "labkit.loadgen.bench", "labkit.loadgen.case_bench"]
+                 "labkit.benches.loadgen", "labkit.benches.case_study"]
 
 
 def test_every_bench_is_listed_once():
     from pathlib import Path
 
-    from labkit import benchkit
+    from labkit.benches import kit
 
-    root = Path(benchkit.__file__).parent
-    found = {f"labkit.{p.parent.name}.{p.stem}" for p in root.glob("*/*bench.py")}
+    root = Path(kit.__file__).parents[1]  # labkit/
+    found = {f"labkit.{p.parent.name}.{p.stem}" for p in root.glob("*/*bench.py")}  # a program back in a library package
     found |= {f"labkit.benches.{p.stem}" for p in (root / "benches").glob("*.py")
               if p.stem not in ("__init__", "cli", "check", "kit")}  # the programs' glue, not benches
-    assert found == set(BENCH_MODULES) == set(benchkit.BENCHES) and len(benchkit.BENCHES) == len(BENCH_MODULES)
+    assert found == set(BENCH_MODULES) == set(kit.BENCHES) and len(kit.BENCHES) == len(BENCH_MODULES)
 
 
 @pytest.mark.parametrize("module", BENCH_MODULES)
@@ -192,10 +192,10 @@ def test_every_bench_takes_the_shared_flags(module):
 def _fake_bench(argv, fail=False, seen_env=None):
     import os
 
-    from labkit import benchkit
+    from labkit.benches import kit
 
-    args = benchkit.parser("labkit.fake.bench", "A fake bench.").parse_args(argv)
-    with benchkit.session(args) as run:
+    args = kit.parser("labkit.fake.bench", "A fake bench.").parse_args(argv)
+    with kit.session(args) as run:
         if seen_env is not None:
             seen_env.append(os.environ.get("LABKIT_DEVICE"))
         print("a table\nanother line")
@@ -209,7 +209,7 @@ def _fake_bench(argv, fail=False, seen_env=None):
 def test_session_ends_with_one_summary_line_and_writes_the_record(tmp_path, capsys):
     import json
 
-    from labkit import benchkit
+    from labkit.benches import kit
 
     import os
 
@@ -221,8 +221,8 @@ def test_session_ends_with_one_summary_line_and_writes_the_record(tmp_path, caps
     assert os.environ.get("LABKIT_DEVICE") == env_before, "LABKIT_DEVICE is restored after the run"
     out = capsys.readouterr().out
     lines = out.strip().splitlines()
-    assert sum(line.startswith(benchkit.SUMMARY_PREFIX) for line in lines) == 1
-    s = benchkit.parse_summary(out)
+    assert sum(line.startswith(kit.SUMMARY_PREFIX) for line in lines) == 1
+    s = kit.parse_summary(out)
     assert s == {"bench": "labkit.fake.bench", "text": "x 1.5 over newline", "seconds": 0}
     rec = json.loads((tmp_path / "r.json").read_text())
     assert rec["bench"] == "labkit.fake.bench" and rec["rc"] == 0 and rec["summary"] == "x 1.5 over\nnewline"
@@ -233,26 +233,27 @@ def test_session_ends_with_one_summary_line_and_writes_the_record(tmp_path, caps
 def test_a_failing_bench_still_ends_with_its_summary_line(tmp_path, capsys):
     import json
 
-    from labkit import benchkit
+    from labkit.benches import kit
 
     with pytest.raises(RuntimeError):
         _fake_bench(["--json", str(tmp_path / "r.json")], fail=True)
-    s = benchkit.parse_summary(capsys.readouterr().out)
+    s = kit.parse_summary(capsys.readouterr().out)
     assert s["text"] == "FAILED RuntimeError: boom"
     assert json.loads((tmp_path / "r.json").read_text())["rc"] == 1
 
 
 def test_bench_all_selection_and_parser():
-    from labkit import benchkit, cli
+    from labkit import cli
+    from labkit.benches import kit
 
-    assert benchkit.select(["sim", "kv"]) == ["labkit.sim.bench", "labkit.benches.kv"]
-    assert benchkit.select(None) == list(benchkit.BENCHES)
+    assert kit.select(["sim", "kv"]) == ["labkit.benches.sim", "labkit.benches.kv"]
+    assert kit.select(None) == list(kit.BENCHES)
     with pytest.raises(ValueError, match="unknown bench 'gpu'.*sim"):
-        benchkit.select(["gpu"])
+        kit.select(["gpu"])
     args = cli.build_parser(["bench"]).parse_args(["bench", "all", "--quick", "--only", "sim", "--machine", "m1"])
     assert (args.target, args.size, args.only, args.machine) == ("all", "smoke", ["sim"], "m1")
     assert cli.build_parser(["bench"]).parse_args(["bench", "--check"]).target is None
-    assert benchkit.machine_slug({"device_name": "Intel(R) Xeon(R) 8480+", "torch_threads": 2}) == \
+    assert kit.machine_slug({"device_name": "Intel(R) Xeon(R) 8480+", "torch_threads": 2}) == \
         "intel-r-xeon-r-8480-2t"
 
 
@@ -262,17 +263,18 @@ def test_bench_all_gathers_one_record_per_bench(monkeypatch, tmp_path):
     import json
     import subprocess
 
-    from labkit import benchkit, paths
+    from labkit import paths
+    from labkit.benches import kit
 
     def fake_run(argv, **kw):
         mod, path = argv[2], argv[argv.index("--json") + 1]
-        if mod == "labkit.sim.bench":
+        if mod == "labkit.benches.sim":
             paths.write_json(path, {"bench": mod, "fingerprint": {}, "results": {"speed": 1}})
-            return subprocess.CompletedProcess(argv, 0, "table\nSUMMARY labkit.sim.bench: 9 req/s [3 s]\n", "")
+            return subprocess.CompletedProcess(argv, 0, "table\nSUMMARY labkit.benches.sim: 9 req/s [3 s]\n", "")
         return subprocess.CompletedProcess(argv, 1, "half a table\n", "Traceback: boom\n")
 
     monkeypatch.setattr(subprocess, "run", fake_run)
-    rec = benchkit.run_all(size="smoke", device="cpu", only=["sim", "model"], say=lambda _: None)
+    rec = kit.run_all(size="smoke", device="cpu", only=["sim", "model"], say=lambda _: None)
     json.dumps(rec)
     assert rec["size"] == "smoke" and rec["fingerprint"]["kind"] == "cpu"
     sim, model = rec["benches"]

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from labkit import ledger
-from labkit.ledger import case as verdicts
+from labkit.ledger import ch6_case as verdicts
 from labkit.loadgen import case
 from labkit.loadgen.records import RequestRecord
 from labkit.serve import docstore, preprocess, spans, stacks

@@ -21,28 +21,22 @@ ROOT = Path(labkit.__file__).parent
 
 # Bottom up. A unit imports only units of lower layers.
 LAYERS: list[tuple[str, ...]] = [
-    ("__init__", "paths", "presets", "plots", "report", "book", "stats", "knee", "dtypes"),  # no labkit imports
+    ("__init__", "paths", "presets", "plots", "report", "book", "stats", "knee", "dtypes",
+     "scheduling"),                          # no labkit imports
     ("device", "tokenizer", "roofline", "exercise", "notebooks"),
     ("timing", "session", "data", "passages", "doctor"),
     ("bench", "model"),                      # microbenchmarks; the decoder
     ("phases", "pipeline", "train", "quant", "fusion", "sim", "shipped"),
     ("prune",),
     ("distill",),                            # distil, then prune, then quantize
-    ("serve",),                              # the engine and server (scheduler policies from sim)
+    ("serve",),                              # the engine and server
     ("loadgen",),                            # drives the server over HTTP
     ("ledger",),                             # predicts, judges, runs the claims' experiments
-    ("benchkit",),                           # the benches' shared flags and JSON
     ("benches",),                            # the programs
     ("cli",),
     ("__main__",),
 ]
 LAYER = {unit: i for i, units in enumerate(LAYERS) for unit in units}
-
-# Programs that still live inside a library package (to move to labkit/benches/): their imports
-# are exempt until they move. The test fails once one of them is gone, so the list only shrinks.
-NOT_YET_MOVED: set[str] = {"labkit.model.bench", "labkit.sim.bench", "labkit.loadgen.bench",
-                           "labkit.loadgen.case_bench"}
-
 
 def _modules() -> dict[str, Path]:
     out = {}
@@ -110,13 +104,8 @@ def test_every_unit_has_a_layer():
 
 def test_no_import_points_up_or_sideways():
     bad = [f"{m} -> {t} ({_unit(m)} is layer {LAYER[_unit(m)]}, {_unit(t)} is layer {LAYER[_unit(t)]})"
-           for m, targets in sorted(GRAPH.items()) if m not in NOT_YET_MOVED
-           for t in sorted(targets) if _unit(t) != _unit(m) and LAYER[_unit(t)] >= LAYER[_unit(m)]]
+           for m, targets in sorted(GRAPH.items()) for t in sorted(targets) if _unit(t) != _unit(m) and LAYER[_unit(t)] >= LAYER[_unit(m)]]
     assert not bad, "imports against the layer order:\n" + "\n".join(bad)
-
-
-def test_the_exemptions_still_exist():
-    assert NOT_YET_MOVED <= set(MODULES), f"moved: drop {sorted(NOT_YET_MOVED - set(MODULES))} from NOT_YET_MOVED"
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:

@@ -9,7 +9,7 @@ import pytest
 from labkit.ledger import FAILS, HOLDS, INCONCLUSIVE, ch5, ch6
 from labkit.loadgen import experiments as lx
 from labkit.serve import experiments as sx
-from labkit.sim.sweep import first_past
+from labkit.knee import first_past
 
 
 def _s(p99, tput):

@@ -368,7 +368,7 @@ def test_matmul_forms_and_tuning_keep_values():
 
 
 def test_decode_rates_interleaves_and_ratios_against_first():
-    from labkit.model.bench import decode_rates
+    from labkit.benches.model import decode_rates
     calls = []
 
     def run(name):
@@ -381,7 +381,7 @@ def test_decode_rates_interleaves_and_ratios_against_first():
 
 
 def test_bench_helpers_smoke():
-    from labkit.model.bench import bytes_per_step, cache_demo, to_hf
+    from labkit.benches.model import bytes_per_step, cache_demo, to_hf
     m = _small_model()
     hf = to_hf(m)
     x = torch.arange(10)[None]
@@ -399,16 +399,16 @@ def test_bench_helpers_smoke():
 def test_matrix_read_bandwidth_is_every_linear_weight_over_the_measured_time(monkeypatch):
     """Speed-free: the timer is replaced, so the figure is pure bookkeeping of bytes."""
     import types
-    from labkit.model import bench
+    from labkit.benches import model as model_bench
     m = _small_model()
     summed = []
     monkeypatch.setattr(torch.Tensor, "sum", lambda self, *a, **k: summed.append(self.shape))
     def fake_measure(fn, **kw):
         fn()
         return types.SimpleNamespace(median=0.5)
-    monkeypatch.setattr(bench, "measure", fake_measure)
+    monkeypatch.setattr(model_bench, "measure", fake_measure)
     weights = [mod.weight for mod in m.modules() if isinstance(mod, torch.nn.Linear)]
-    assert bench.matrix_read_bandwidth(m) == sum(w.numel() * 4 for w in weights) / 0.5
+    assert model_bench.matrix_read_bandwidth(m) == sum(w.numel() * 4 for w in weights) / 0.5
     assert summed == [w.shape for w in weights]  # each matrix read once, in the model's order
 
 

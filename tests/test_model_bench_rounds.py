@@ -1,4 +1,4 @@
-"""model.bench: the per-matrix read ceiling is timed in the same rounds as the decodes, and the
+"""benches.model: the per-matrix read ceiling is timed in the same rounds as the decodes, and the
 share is the median of per-round shares (speed-free: the timer is replaced)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from labkit.model import bench
+from labkit.benches import model as model_bench
 
 
 def test_the_ceiling_is_timed_once_per_round_between_the_decodes(monkeypatch):
@@ -17,9 +17,9 @@ def test_the_ceiling_is_timed_once_per_round_between_the_decodes(monkeypatch):
     def fake_measure(fn, **kw):
         fn()
         return types.SimpleNamespace(median=next(clock))
-    monkeypatch.setattr(bench, "measure", fake_measure)
-    out = bench.decode_rates({"a": lambda n: calls.append(("a", n))}, batch=1, new_tokens=5, repeat=3,
-                             ceiling=(100.0, lambda: calls.append(("read",))))
+    monkeypatch.setattr(model_bench, "measure", fake_measure)
+    out = model_bench.decode_rates({"a": lambda n: calls.append(("a", n))}, batch=1, new_tokens=5, repeat=3,
+                                   ceiling=(100.0, lambda: calls.append(("read",))))
     # warm-up of the decode and of the reads, then per round: N tokens, 1 token, the reads
     assert calls == [("a", 5), ("read",)] + [("a", 5), ("a", 1), ("read",)] * 3
     assert out["ceiling"]["rounds"] == [400.0] * 3  # 100 bytes in 0.25 s
@@ -28,5 +28,5 @@ def test_the_ceiling_is_timed_once_per_round_between_the_decodes(monkeypatch):
 
 def test_share_of_ceiling_is_the_median_of_per_round_shares():
     # round shares: 10/0.1/200 = 0.5, 10/0.1/100 = 1.0, 10/0.2/100 = 0.5
-    assert bench.share_of_ceiling(10.0, [0.1, 0.1, 0.2], [200.0, 100.0, 100.0]) == pytest.approx(0.5)
-    assert bench.share_of_ceiling(10.0, [float("nan")], [1.0]) != bench.share_of_ceiling(10.0, [float("nan")], [1.0])
+    assert model_bench.share_of_ceiling(10.0, [0.1, 0.1, 0.2], [200.0, 100.0, 100.0]) == pytest.approx(0.5)
+    assert model_bench.share_of_ceiling(10.0, [float("nan")], [1.0]) != model_bench.share_of_ceiling(10.0, [float("nan")], [1.0])

@@ -12,8 +12,8 @@ FP = {"device_name": "Some CPU", "llc_bytes": 32 * 2**20, "date": "2026-12-03", 
 
 def _bench_all(read_Bps):
     return {"fingerprint": FP, "size": "smoke", "benches": [
-        {"bench": "labkit.model.bench", "rc": 0, "results": {"bandwidth": {"read": read_Bps, "copy": 1e9}}},
-        {"bench": "labkit.sim.bench", "rc": 0, "results": {"sweep": []}},
+        {"bench": "labkit.benches.model", "rc": 0, "results": {"bandwidth": {"read": read_Bps, "copy": 1e9}}},
+        {"bench": "labkit.benches.sim", "rc": 0, "results": {"sweep": []}},
         {"bench": "labkit.benches.quant", "rc": 1, "results": None}]}
 
 
@@ -35,7 +35,7 @@ def test_a_per_machine_file_is_found(tmp_path):
 def test_one_bench_record_and_the_best_figure_per_machine(tmp_path):
     _write(tmp_path / "box" / "benches.json", _bench_all(2.3e10))
     _write(tmp_path / "box" / "model_bench_quick.json",
-           {"bench": "labkit.model.bench", "fingerprint": FP, "rc": 0,
+           {"bench": "labkit.benches.model", "fingerprint": FP, "rc": 0,
             "results": {"bandwidth": {"read": 2.0e10}, "read_ceiling": 2.5e10}})
     (m,) = shipped.machines(tmp_path)
     assert m.bandwidth == 2.5e10 and len(m.sources) == 2

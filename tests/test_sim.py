@@ -7,6 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from labkit.knee import last_inside
 from labkit.sim import KVMemory, LinearCost, RooflineCost, constant, make, metrics, simulate, synthetic
 from labkit.sim import cost as costmod
 from labkit.sim import kv as kvmod
@@ -198,7 +199,7 @@ def test_tpot_follows_vllm_definition():
 def test_knee_is_found_below_saturation():
     rows = sweep.load_sweep([2, 4, 8, 12, 16, 24, 32], lambda r: synthetic(1500, r, seed=5),
                             lambda: make("continuous", max_batch=32), COST, lambda: KVMemory(100_000))
-    k = sweep.knee(rows)
+    k = last_inside(rows)
     assert k is not None and 4 <= k["rate"] < 32
 
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from labkit import benchkit, presets, timing
+from labkit import presets, timing
+from labkit.benches import kit
 from labkit.serve.cache import make_cache
 from labkit.serve.cache_eval import (COMMON_DEFAULT, at, describe_safe, evaluate, false_hits_by_kind, format_sweep,
                                      index_scaling, isolation_test, load_pairs, lookup_latency, server_latency)
@@ -26,7 +27,7 @@ from labkit.serve.embed import load_encoder
 def parser() -> argparse.ArgumentParser:
     """The shared bench flags (CPU; 1 torch thread by default: these models are too small
     to gain from more) plus --encoder and --no-server."""
-    ap = benchkit.parser("labkit.benches.cache", __doc__, default_threads=1, quick_help="smaller latency runs",
+    ap = kit.parser("labkit.benches.cache", __doc__, default_threads=1, quick_help="smaller latency runs",
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--encoder", default="auto", choices=("auto", "minilm", "ngram"))
     ap.add_argument("--no-server", action="store_true", help="skip the measurement through labkit serve")
@@ -35,7 +36,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    with benchkit.session(args) as session:
+    with kit.session(args) as session:
         session.results = body(args)
         safe, iso = session.results["safe"], session.results["isolation"]
         session.summary = (f"safe threshold {safe['threshold']:.3f} (guarded), hit rate {safe['hit_rate']:.1%}"

@@ -7,7 +7,8 @@ import argparse
 import re
 import time
 
-from labkit import benchkit, paths
+from labkit import paths
+from labkit.benches import kit
 from labkit.bench import suites
 
 
@@ -19,16 +20,16 @@ def run_all(args: argparse.Namespace) -> int:
         raise ValueError(f"--machine {machine_name!r} not allowed: letters, digits, '.', '_' and '-' only "
                          "(it names a folder under data/results/)")
     t0 = time.perf_counter()
-    machine = benchkit.run_all(size=args.size, device=args.device, threads=getattr(args, "threads", None),
+    machine = kit.run_all(size=args.size, device=args.device, threads=getattr(args, "threads", None),
                                only=getattr(args, "only", None), timeout_s=getattr(args, "timeout", None),
                                say=lambda msg: print(f"[{time.perf_counter() - t0:6.1f} s] {msg}", flush=True))
-    slug = benchkit.machine_slug(machine["fingerprint"])
+    slug = kit.machine_slug(machine["fingerprint"])
     out = paths.write_json(args.out or paths.out_dir() / "bench" / f"all-{slug}.json", machine)
     print(f"written to {out}")
     if machine_name:
         print(f"and to {paths.write_json(paths.RESULTS / machine_name / 'benches.json', machine)}")
     failed = [b["bench"] for b in machine["benches"] if b["rc"] != 0]
-    print(benchkit.summary_line("labkit.bench.all", f"{len(machine['benches']) - len(failed)} of "
+    print(kit.summary_line("labkit.bench.all", f"{len(machine['benches']) - len(failed)} of "
                                 f"{len(machine['benches'])} benches ok" + (f"; failed: {', '.join(failed)}" if failed
                                                                              else ""), time.perf_counter() - t0))
     return 1 if failed else 0

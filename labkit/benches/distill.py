@@ -17,7 +17,7 @@ import sys
 
 import torch
 
-from labkit import benchkit
+from labkit.benches import kit
 from labkit.data import corpus_ids
 from labkit.ledger.ch4 import judge_c13, judge_c14, order_labels, predict_c13, predict_c14
 from labkit.distill import experiments as dx
@@ -31,17 +31,17 @@ from labkit.report import format_rows
 
 def parser():
     """The shared bench flags (CPU only)."""
-    return benchkit.parser("labkit.benches.distill", __doc__, quick_help="smoke sizes (seconds, not minutes)")
+    return kit.parser("labkit.benches.distill", __doc__, quick_help="smoke sizes (seconds, not minutes)")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    with benchkit.session(args) as run:
+    with kit.session(args) as run:
         body(run, args.size, args.threads)
     return run.rc
 
 
-def body(run: benchkit.BenchRun, size: str, threads: int | None) -> None:
+def body(run: kit.BenchRun, size: str, threads: int | None) -> None:
     """Sections 1-4; figures go into `run` and its summary."""
     P = px.bench_sizes(size, threads)
     budget = dx.budget_from_params(P)

@@ -15,7 +15,8 @@ import sys
 
 import torch
 
-from labkit import benchkit, presets
+from labkit import presets
+from labkit.benches import kit
 from labkit.fusion import elementwise, fold, memory
 from labkit.fusion.experiments import chains, decode_steps, forward_memory, tiny_ops_share
 
@@ -24,21 +25,21 @@ MIN_BENCH_NUMEL = 16 * 2**20
 
 def parser():
     """The shared bench flags (--size smoke|full) plus --chain-numel."""
-    ap = benchkit.parser("labkit.benches.fusion", __doc__, devices=("cpu", "cuda", "mps"),
+    ap = kit.parser("labkit.benches.fusion", __doc__, devices=("cpu", "cuda", "mps"),
                          quick_help="the notebook's smoke sizes (default: full)")
-    ap.add_argument("--chain-numel", type=benchkit.positive_int, default=None,
+    ap.add_argument("--chain-numel", type=kit.positive_int, default=None,
                     help=f"elements per elementwise chain (default: the preset's, at least {MIN_BENCH_NUMEL})")
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
-    with benchkit.session(a) as run:
+    with kit.session(a) as run:
         body(run, a.size, run.device, a.chain_numel)
     return run.rc
 
 
-def body(run: benchkit.BenchRun, size: str, dev: torch.device, chain_numel: int | None) -> None:
+def body(run: kit.BenchRun, size: str, dev: torch.device, chain_numel: int | None) -> None:
     """C6-C9; figures go into `run` and its summary."""
     p = presets.sizes("fusion", size, dev)
     numel = chain_numel or max(p["chain_numel"], MIN_BENCH_NUMEL)

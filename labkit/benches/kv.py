@@ -13,7 +13,8 @@ import argparse
 import numpy as np
 import torch
 
-from labkit import benchkit, presets
+from labkit import presets
+from labkit.benches import kit
 from labkit.data import corpus_ids
 from labkit.model import load_tiny, perplexity
 from labkit.model.kv_memory import kv_bytes_per_token
@@ -23,14 +24,14 @@ from labkit.serve.kv_capacity import decode_speed, format_runs, mixed_workload, 
 def parser() -> argparse.ArgumentParser:
     """The shared bench flags (CPU; 1 torch thread by default: these models are too small
     to gain from more)."""
-    return benchkit.parser("labkit.benches.kv", __doc__, default_threads=1,
+    return kit.parser("labkit.benches.kv", __doc__, default_threads=1,
                            quick_help="notebook 07's smoke sizes (default: its full sizes)",
                            formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    with benchkit.session(args) as session:
+    with kit.session(args) as session:
         session.results = body(args.size)
         r = session.results
         session.summary = (f"paged/max-length concurrency {r['paged_gain']:.1f}x; int8 KV concurrency "

@@ -24,7 +24,8 @@ import statistics
 import time
 from typing import Any
 
-from labkit import benchkit, presets
+from labkit import presets
+from labkit.benches import kit
 from labkit.device import threads
 from labkit.loadgen import arrivals
 from labkit.loadgen import experiments as ex
@@ -111,13 +112,13 @@ def body(size: str, device: str = "cpu") -> dict[str, Any]:
 
 def parser():
     """The shared bench flags (the server and the in-process engine run 1 torch thread)."""
-    return benchkit.parser("labkit.benches.overhead", __doc__, devices=("cpu", "cuda"),
+    return kit.parser("labkit.benches.overhead", __doc__, devices=("cpu", "cuda"),
                            quick_help="2 rounds of 32 short requests each way (about two minutes on 2 CPU cores)")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    with benchkit.session(args) as run:
+    with kit.session(args) as run:
         run.results = r = body(args.size, run.device.type)
         w = r["ways"]
         run.summary = ", ".join(f"{e} {100 * w[f'{e} streaming']['share']:+.1f}%/step streaming "

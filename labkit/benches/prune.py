@@ -18,7 +18,7 @@ import sys
 
 import torch
 
-from labkit import benchkit
+from labkit.benches import kit
 from labkit.data import corpus_ids
 from labkit.ledger.ch4 import c12_speedups, judge_c12, predict_c12
 from labkit.model import Transformer, load_tiny
@@ -44,7 +44,7 @@ def gemm24() -> None:
 def parser():
     """The shared bench flags (--device picks where the 2:4 GEMM of section 5 runs) plus
     --gemm24-only."""
-    ap = benchkit.parser("labkit.benches.prune", __doc__, devices=("cpu", "cuda"),
+    ap = kit.parser("labkit.benches.prune", __doc__, devices=("cpu", "cuda"),
                          quick_help="smoke sizes (seconds, not minutes)")
     ap.add_argument("--gemm24-only", action="store_true", help="only section 5, the 2:4 GEMM (for GPU checks)")
     return ap
@@ -52,7 +52,7 @@ def parser():
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    with benchkit.session(args) as run:
+    with kit.session(args) as run:
         if args.gemm24_only:
             gemm24()
             run.summary = "2:4 GEMM section only"
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     return run.rc
 
 
-def body(run: benchkit.BenchRun, size: str, threads: int | None) -> None:
+def body(run: kit.BenchRun, size: str, threads: int | None) -> None:
     """Sections 1-5; figures go into `run` and its summary."""
     P = px.bench_sizes(size, threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, sizes {size}")

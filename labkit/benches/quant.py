@@ -16,7 +16,8 @@ import sys
 
 import torch
 
-from labkit import benchkit, presets
+from labkit import presets
+from labkit.benches import kit
 from labkit.data import corpus_ids
 from labkit.ledger.ch4 import judge_c10, predict_c10
 from labkit.model import load_tiny
@@ -27,17 +28,17 @@ from labkit.report import format_rows
 
 def parser():
     """The shared bench flags (CPU only: the int8/int4 kernels here are CPU kernels)."""
-    return benchkit.parser("labkit.benches.quant", __doc__, quick_help="fewer perplexity windows and repeats")
+    return kit.parser("labkit.benches.quant", __doc__, quick_help="fewer perplexity windows and repeats")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    with benchkit.session(args) as run:
+    with kit.session(args) as run:
         body(run, presets.sizes("bench_quant", args.size))
     return run.rc
 
 
-def body(run: benchkit.BenchRun, P: dict) -> None:
+def body(run: kit.BenchRun, P: dict) -> None:
     """The five sections; figures go into `run` and its summary."""
     windows = P["ppl_windows"]
     torch.manual_seed(0)

@@ -140,13 +140,13 @@ CLAIMS: dict[str, Claim] = {c.id: c for c in [
        "config; cheapest fixes first.", "09_case_study",
        "the method walked on the real server: spans, CPU and bandwidth against the ceilings, the in-server "
        "profiler, one knob at a time with the ladder ordered by measured cost (answers changed, then effort)",
-       "case"),
+       "ch6_case"),
     _c("C22", 6, "A pre-processing step unsafe for concurrent use pushed p99 to ~5x normal; fixing it met the "
        "target without quantization.", "09_case_study",
        "a retrieval service sized on this machine (25 % of its measured capacity; a lock held across a "
        "document-store call, busy 90 %; every load run replays one arrival sequence, the typical one of 101 "
        "for its lock tail): p99 E2E shipped vs fixed vs unloaded at the same rate, and int8 "
-       "weights with the bug still in, on the real server", "case"),
+       "weights with the bug still in, on the real server", "ch6_case"),
 ]}
 
 

@@ -9,7 +9,7 @@
 Open loop (`users=None`, requests sent at their `at_s`) or closed loop (`users=N`); sweeps
 over concurrency or rate with the knee (`sweep`); replay through the simulator (`fidelity`).
 Command line: ``labkit loadtest ...`` / ``python -m labkit.loadgen ...``;
-``python -m labkit.loadgen.bench`` prints chapter 6's measured figures.
+``python -m labkit.benches.loadgen`` prints chapter 6's measured figures.
 """
 
 from labkit.loadgen import arrivals, fidelity, records, summary, sweep

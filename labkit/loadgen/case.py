@@ -5,7 +5,7 @@ The service retrieves passages from a document store across the network (a real 
 loopback, `labkit.serve.docstore`), reranks them with the model and answers. It ships with the
 stage's "global_lock" implementation: one store client, not safe to share, behind one lock
 held across the store's answer time. Every function here measures the real server over HTTP
-with the real load generator; the verdicts (C21, C22) are judged in `labkit.ledger.case`.
+with the real load generator; the verdicts (C21, C22) are judged in `labkit.ledger.ch6_case`.
 
 The scenario is constructed, and sized from this machine's own measurements:
 

@@ -1,4 +1,4 @@
-"""Chapter 6's experiments on the real server, shared by notebook 08 and `labkit.loadgen.bench`.
+"""Chapter 6's experiments on the real server, shared by notebook 08 and `labkit.benches.loadgen`.
 
 The server is `labkit serve` (tiny preset, one torch thread) in a child process on a free
 loopback port; the load generator runs in this process. Its simulated twin is
@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from labkit.knee import last_inside
 from labkit.loadgen import arrivals, fidelity
 from labkit.loadgen.arrivals import RequestSpec
 from labkit.loadgen.client import LoadResult, run_load
@@ -122,12 +123,10 @@ def calibrate_per_step(url: str, cfg: Any, profile: Any = None,
 
 def predicted_knee(cost: Any, server: SimServer, n: int = 400, seed: int = 0, lo: float = 0.5, hi: float = 60.0,
                    points: int = 14) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The calibrated simulator's knee of the chat workload (a `labkit.sim.sweep.knee` over a
+    """The calibrated simulator's knee of the chat workload (a `labkit.knee.last_inside` over a
     geometric rate sweep from `lo` to `hi` requests/s) and the sweep rows."""
-    from labkit.sim import sweep as simsweep
-
     rows = sim_rate_sweep(cost, server, list(np.geomspace(lo, hi, points)), n, seed)
-    k = simsweep.knee(rows)
+    k = last_inside(rows)
     if k is None:
         raise RuntimeError(f"the simulated server misses the knee criteria even at {lo} requests/s")
     return k, rows

@@ -28,7 +28,7 @@ from labkit.sim.cost import CostModel, LinearCost
 from labkit.sim.engine import simulate
 from labkit.sim.kv import KVMemory
 from labkit.sim.result import Result
-from labkit.sim.schedulers import make
+from labkit.scheduling import make
 from labkit.sim.stepcost import StepCost, StepProfile
 from labkit.sim.workload import Workload
 
@@ -37,7 +37,7 @@ COMPARED = (("ttft", "p50"), ("ttft", "p99"), ("e2e", "p50"), ("e2e", "p99"), ("
 
 @dataclasses.dataclass(frozen=True)
 class SimServer:
-    """The simulated twin of a server: policy name (labkit.sim.schedulers), max batch
+    """The simulated twin of a server: policy name (labkit.scheduling), max batch
     (sequences), queue bound (requests), static/dynamic max_wait (s), KV capacity (tokens)
     in blocks of `block_size` tokens, longest sequence `max_len` (tokens)."""
 

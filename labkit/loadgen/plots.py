@@ -13,7 +13,7 @@ from labkit.plots import axes, caption, tidy_log_axes
 def sweep_panels(rows: Sequence[dict[str, Any]], knee: dict[str, Any] | None = None, axis: str = "concurrency",
                  axes=None, factor: float = 2.0):
     """Left: throughput (requests/s) vs the swept level; right: p50 and p99 E2E and TTFT (s,
-    log) vs the level. `knee` (the ledger's, `labkit.sim.sweep.first_past`: the first level whose
+    log) vs the level. `knee` (the ledger's, `labkit.knee.first_past`: the first level whose
     p99 E2E exceeds `factor` x the lightest level's) is starred on both, with a caption."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import NullLocator

@@ -3,7 +3,7 @@
 A sweep runs one bounded load test per level, either closed loop over concurrency (users)
 or open loop over offered rate (requests/s), and returns one `summarize` row per level with
 "level" (as asked) and "concurrency" or "rate" (the rate the plan really offered) added.
-The knee is judged like the simulator's (`labkit.sim.sweep`):
+The knee is judged like the simulator's (`labkit.knee`):
 
 * over **rate** (`labkit.knee.last_inside`, as the simulator's): the highest offered rate at which
   throughput is still ≥ `keep_up` × offered and p99 E2E ≤ `factor` × its lightest-load value;

@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 
 from labkit.model.config import LLAMA3_KEYS, ModelConfig, check_rope_scaling
 from labkit.model.transformer import INFERENCE_LAYOUT, Transformer
-from labkit.paths import TINY as TINY_DIR  # the name labkit.model.bench and others import
+from labkit.paths import TINY as TINY_DIR  # the name labkit.benches.model and others import
 
 FORMAT = "labkit"
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")

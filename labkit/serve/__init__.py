@@ -1,7 +1,7 @@
 """labkit.serve: a real small inference server (chapters 5-6).
 
 An `Engine` runs the decoder with iteration-level batching through the simulator's
-scheduling policies (`labkit.sim.schedulers`) over a paged KV cache (`BlockManager` +
+scheduling policies (`labkit.scheduling`) over a paged KV cache (`BlockManager` +
 `PagedKVCache`); a FastAPI app puts it behind an OpenAI-compatible
 ``POST /v1/completions`` (streaming or not), ``GET /health`` and ``GET /metrics``. By
 default the engine steps in a process of its own (`labkit.serve.core`, as vLLM's EngineCore),

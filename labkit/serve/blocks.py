@@ -15,15 +15,15 @@ PagedAttention layout).
   without paging size contiguous buffers). Nothing grows, nothing is preempted, most of
   the reservation sits empty.
 
-It also answers the admission questions of `labkit.sim.schedulers` policies with the
+It also answers the admission questions of `labkit.scheduling` policies with the
 same names as `labkit.sim.kv.KVMemory` (`blocks_for`, `free`, `total`, `can_admit`,
-`why_never_fits`; the `labkit.sim.schedulers.KVView` protocol), so one policy drives the
+`why_never_fits`; the `labkit.scheduling.KVView` protocol), so one policy drives the
 simulator and the real engine.
 """
 
 from __future__ import annotations
 
-from labkit.sim.kv import RESERVE  # one vocabulary for the simulator and the engine
+from labkit.scheduling import RESERVE  # one vocabulary for the simulator and the engine
 
 
 

@@ -1,10 +1,10 @@
 """The inference engine: iteration-level scheduling of real decoder passes over a paged KV cache.
 
 One `step()` is one iteration, as in Orca and vLLM: the policy (the *same* objects the
-simulator runs, `labkit.sim.schedulers`) admits waiting requests and plans prompt
+simulator runs, `labkit.scheduling`) admits waiting requests and plans prompt
 tokens; then every running sequence past its prompt decodes one token and the planned
 prompt tokens are processed, in one or two model passes over the paged cache. The
-engine is the `labkit.sim.schedulers.ServerView` a policy uses (`now`, `running`,
+engine is the `labkit.scheduling.ServerView` a policy uses (`now`, `running`,
 `prefilling`, `n_running`, `n_decode`, `running_by_class`, `kv`, `admit`, `prefill`), so
 "continuous", "static", "none", "dynamic" and "chunked" drive it unchanged.
 
@@ -42,11 +42,11 @@ from labkit.serve.blocks import RESERVE, BlockManager
 from labkit.serve.logprobs import token_logprob
 from labkit.serve.metrics import Metrics
 from labkit.serve.paged import PagedKVCache
-from labkit.sim import schedulers
+from labkit import scheduling
 
 log = logging.getLogger("labkit.serve")
 
-POLICIES = schedulers.SCHEDULERS  # none, static, dynamic, continuous, chunked
+POLICIES = scheduling.SCHEDULERS  # none, static, dynamic, continuous, chunked
 Event = tuple["Request", str, Any]  # (request, "token" | "finish", token id | finish reason)
 
 
@@ -123,7 +123,7 @@ class EngineConfig(EngineSettings):
 class Request:
     """One request inside the engine. Lengths in tokens, times in s (time.monotonic()).
 
-    It is the `labkit.sim.schedulers.SeqView` a policy reads (the simulator's names): id,
+    It is the `labkit.scheduling.SeqView` a policy reads (the simulator's names): id,
     arrival, prompt (prompt tokens), max_tokens, cls, priority, eff_prompt, eff_max_tokens,
     target (tokens to (re)compute before the next token), prefilled, decoding.
     `generated_ids` are the tokens generated so far (static batching's padding steps
@@ -229,7 +229,7 @@ class Engine:
         self.pool = PagedKVCache(model.config, cfg.n_blocks, cfg.block_size, dtype=model.dtype,
                                  device=model.device, kv_dtype=cfg.kv_dtype)
         # The engine bounds the queue itself (submit raises QueueFull), so the policy's is off.
-        self.policy = schedulers.make(cfg.policy, max_batch=cfg.max_batch, max_wait=cfg.max_wait,
+        self.policy = scheduling.make(cfg.policy, max_batch=cfg.max_batch, max_wait=cfg.max_wait,
                                       token_budget=cfg.token_budget)
         self.hold_batch = getattr(self.policy, "pad", False)  # static: members leave together
         self.now = time.monotonic()

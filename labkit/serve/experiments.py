@@ -25,7 +25,7 @@ from labkit.serve import cache_eval as cb
 from labkit.serve import kv_capacity as kb
 from labkit.serve.cache import SemanticCache, normalize_prompt
 from labkit.serve.engine import Engine, EngineConfig
-from labkit.sim import schedulers
+from labkit import scheduling
 from labkit.stats import safe_threshold
 from labkit.tokenizer import load_tokenizer
 
@@ -81,7 +81,7 @@ def _engine(model: Any, queue: str, max_batch: int, n: int) -> Any:
     eng = Engine(model, EngineConfig(policy="continuous", max_batch=max_batch, max_queue=n + 1, max_model_len=256))
     # EngineConfig has no queue option: the same scheduler, ordering its queue by the
     # requests' `priority` (lower first) instead of by arrival alone.
-    eng.policy = schedulers.make("continuous", max_batch=max_batch, queue=queue)
+    eng.policy = scheduling.make("continuous", max_batch=max_batch, queue=queue)
     eng.warmup()
     return eng
 

@@ -27,7 +27,7 @@ import numpy as np
 from labkit.sim.cost import CostModel
 from labkit.sim.kv import KVMemory
 from labkit.sim.result import Result
-from labkit.sim.schedulers import Policy
+from labkit.scheduling import Policy
 from labkit.sim.workload import Workload
 
 
@@ -52,7 +52,7 @@ class Seq:
 class Simulator:
     """Runs `workload` through `policy` with step times from `cost` and memory from `kv`.
 
-    It is the `ServerView` a policy schedules on (see `labkit.sim.schedulers`)."""
+    It is the `ServerView` a policy schedules on (see `labkit.scheduling`)."""
 
     def __init__(self, workload: Workload, policy: Policy, cost: CostModel, kv: KVMemory | None = None,
                  max_steps: int = 50_000_000):

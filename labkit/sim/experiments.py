@@ -1,4 +1,4 @@
-"""The chapter's experiments as functions, shared by notebook 06 and `labkit.sim.bench`.
+"""The chapter's experiments as functions, shared by notebook 06 and `labkit.benches.sim`.
 
 The reference server: Llama-3-8B in bf16 on one `data/hardware.csv` row, step times from
 the roofline model (`RooflineCost`), KV capacity from the memory left after the weights.
@@ -9,13 +9,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
+from labkit.knee import last_inside
 from labkit.sim import kv as kvmod
 from labkit.sim import metrics, sweep
 from labkit.sim.cost import CostModel, RooflineCost
 from labkit.sim.engine import simulate
 from labkit.sim.kv import KVMemory
 from labkit.sim.result import Result
-from labkit.sim.schedulers import make
+from labkit.scheduling import make
 from labkit.sim.workload import OFFLINE, ONLINE, RequestClass, Workload, synthetic
 
 
@@ -104,7 +105,7 @@ def capacity(setup: Setup, n: int, lo: float = 0.5, hi: float = 200.0, points: i
     import numpy as np
 
     rows = sweep_rates(setup, list(np.geomspace(lo, hi, points)), n)
-    k = sweep.knee(rows)
+    k = last_inside(rows)
     return (k["rate"] if k else lo), rows
 
 

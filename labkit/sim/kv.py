@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 
-RESERVE = ("on_demand", "max_len")  # the real engine's words too (labkit.serve.blocks)
+from labkit.scheduling import RESERVE  # the real engine's words too (labkit.serve.blocks)
 
 
 def capacity_tokens(memory_bytes: float, weight_bytes: float, bytes_per_token: int,

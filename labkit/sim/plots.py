@@ -73,9 +73,9 @@ def sweep_curve(rows: Sequence[dict[str, Any]], knee: dict | None = None, ax=Non
                 factor: float = 2.0):
     """Throughput (req/s) against p99 E2E latency (s, log), one point per offered rate (labels).
 
-    `knee`: the ledger's knee (`labkit.sim.sweep.first_past`: the first rate whose p99 E2E exceeds
+    `knee`: the ledger's knee (`labkit.knee.first_past`: the first rate whose p99 E2E exceeds
     `factor` x the lightest rate's), a star; `comfort` (optional): the last rate still inside the
-    bound (`labkit.sim.sweep.knee`), a diamond. A caption under the plot says which is which."""
+    bound (`labkit.knee.last_inside`), a diamond. A caption under the plot says which is which."""
     ax = axes(ax, (7, 3.5))
     x = [r["throughput_rps"] for r in rows]
     y = [r["e2e"]["p99"] for r in rows]

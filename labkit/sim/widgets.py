@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from labkit.sim.schedulers import SCHEDULERS
+from labkit.scheduling import SCHEDULERS
 from labkit.timing import fmt_time
 
 KEEP_UP = 0.9  # below this share of the offered rate completed, the run is flagged as overloaded

@@ -1,4 +1,4 @@
-"""`python -m labkit.loadgen.bench [--quick]`: notebook 08's measured figures, side by side, in one run.
+"""`python -m labkit.benches.loadgen [--size smoke|full]`: notebook 08's measured figures, side by side, in one run.
 
 1. The simulated twin of `labkit serve` (tiny preset, 1 thread), per step as Vidur's: model
    passes interpolated from a grid measured on the engine alone (`fidelity.profile_engine`),
@@ -22,7 +22,7 @@ import time
 
 import psutil
 
-from labkit import benchkit
+from labkit.benches import kit
 from labkit.loadgen import experiments as ex
 from labkit.loadgen.bisect import ratio_bracket
 from labkit.loadgen import fidelity
@@ -39,7 +39,7 @@ def _row(name: str, s: dict) -> str:
 
 def parser():
     """The shared bench flags (the server runs on CPU with 1 torch thread) plus --seed."""
-    ap = benchkit.parser("labkit.loadgen.bench", __doc__,
+    ap = kit.parser("labkit.benches.loadgen", __doc__,
                          quick_help="fewer requests per run (a few minutes on 2 CPU cores)")
     ap.add_argument("--seed", type=int, default=0)
     return ap
@@ -47,7 +47,7 @@ def parser():
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    with benchkit.session(args) as run:
+    with kit.session(args) as run:
         run.results = body(args.quick, args.seed)
         ratio = run.results["throughput_ratio_at_target"]
         cells = run.results["cells_within"]

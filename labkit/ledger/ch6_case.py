@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from labkit.ledger.verdict import Prediction, Verdict, decide, distance_from_range, inconclusive
+from labkit.ledger.verdict import Prediction, Verdict, distance_from_range, inconclusive, settle
 
 BAND = (3.0, 8.0)    # C22: "~5x normal" read as 3-8x the fixed service's p99 at the same rate
 ARTICLE_RATIO = 5.0
@@ -109,11 +109,11 @@ def judge_c22(prediction: Prediction, unloaded_p99_s: float, unsafe_p99_s: float
     if quantized_p99_s <= slo_s:
         problems.append(f"int8 weights with the bug still in place met the SLO (p99 {quantized_p99_s:.3g} s): here the "
                         "quantization project would have been enough")
-    return decide(prediction, not problems,
+    return settle(prediction, problems,
                   why_holds=f"requests waited for each other at the stage's lock: p99 {ratio:.1f}x the fixed stage's at "
                             f"the same rate ({vs_normal:.1f}x unloaded); the code fix met the SLO, int8 weights with the "
                             f"bug did not (p99 {quantized_p99_s / unsafe_p99_s:.2f}x the unsafe one)",
-                  why_not="; ".join(problems), evidence=ev, tolerance=tol)
+                  evidence=ev, tolerance=tol)
 
 
 # ------------------------------------------------------------------------------- C21
@@ -172,12 +172,12 @@ def judge_c21(prediction: Prediction, tail_spans: dict[str, float], cpu_util: fl
     elif not changed == 0:
         problems.append(f"the first rung to meet the SLO, {chosen['cost']}, changed {100 * changed:.0f}% of the answers: "
                         "no fix that keeps the service's output was found")
-    return decide(prediction, not problems,
+    return settle(prediction, problems,
                   why_holds=f"each step pointed at the same place: {worst} held {100 * share:.0f}% of the tail, the cores "
                             f"were {100 * cpu_util:.0f}% busy, {100 * lock_share:.0f}% of busy samples waited at its lock, "
                             f"and the cheapest sufficient rung, changing no answer, was the "
                             f"{chosen['cost'] if chosen else '-'}",
-                  why_not="; ".join(problems), evidence=ev, tolerance=tol)
+                  evidence=ev, tolerance=tol)
 
 
 # ------------------------------------------------------------------------------- runs
@@ -186,7 +186,7 @@ _CACHE: dict[str, dict[str, Any]] = {}
 
 def walked(size: str) -> dict[str, Any]:
     """The case walked once per size (`labkit.loadgen.case.walk`): it serves both claims in a
-    `labkit ledger` run and `labkit.loadgen.case_bench`."""
+    `labkit ledger` run and `labkit.benches.case_study`."""
     from labkit.loadgen import case
 
     if size not in _CACHE:

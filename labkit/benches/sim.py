@@ -1,4 +1,4 @@
-"""`python -m labkit.sim.bench [--quick] [--json PATH]`: the simulator's acceptance figures.
+"""`python -m labkit.benches.sim [--size smoke|full] [--json PATH]`: the simulator's acceptance figures.
 
 Prints: simulated requests/s with continuous batching at 100 k requests; on the reference
 server (Llama-3-8B bf16, A100 80GB, roofline cost) near capacity, continuous vs static p99
@@ -13,11 +13,12 @@ import time
 
 import numpy as np
 
-from labkit import benchkit
+from labkit.benches import kit
 from labkit.sim import experiments as ex
-from labkit.sim import simulate, sweep
+from labkit.knee import last_inside
+from labkit.sim import simulate
 from labkit.sim.cost import LinearCost, constant
-from labkit.sim.schedulers import make
+from labkit.scheduling import make
 from labkit.sim.workload import synthetic
 
 
@@ -38,10 +39,10 @@ def queueing(n_md1: int = 200_000, n_mm1: int = 200_000) -> list[tuple[str, floa
 def parser():
     """The shared bench flags (the simulator is pure Python: --device/--threads change nothing)
     plus the request counts."""
-    ap = benchkit.parser("labkit.sim.bench", __doc__, quick_help="10 x fewer requests (seconds)")
-    ap.add_argument("--requests", type=benchkit.positive_int, default=None,
+    ap = kit.parser("labkit.benches.sim", __doc__, quick_help="10 x fewer requests (seconds)")
+    ap.add_argument("--requests", type=kit.positive_int, default=None,
                     help="requests in the speed run (default 100000, quick 10000)")
-    ap.add_argument("--compare-requests", type=benchkit.positive_int, default=None,
+    ap.add_argument("--compare-requests", type=kit.positive_int, default=None,
                     help="requests in the scheduler comparison (default 20000, quick 2000)")
     return ap
 
@@ -51,12 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     scale = 10 if args.quick else 1
     n_speed = args.requests or 100_000 // scale
     n_compare = args.compare_requests or 20_000 // scale
-    with benchkit.session(args) as run:
+    with kit.session(args) as run:
         setup = ex.reference()
         print(f"server: {setup.cost.name}, KV {setup.kv_tokens:,} tokens, max batch {setup.max_batch}")
 
         rows = run.record("sweep", ex.sweep_rates(setup, list(np.geomspace(0.5, 100, 12)), 3000))
-        k = sweep.knee(rows)
+        k = last_inside(rows)
         sat = max(r["throughput_rps"] for r in rows)
         print(f"knee (p99 E2E <= 2x light load, throughput >= 90% offered): {k['rate']:.2f} req/s offered; "
               f"saturation throughput {sat:.2f} req/s")

@@ -39,9 +39,9 @@ from labkit.device import threads as torch_threads
 from labkit.presets import RUN_SIZES
 
 # Every bench module, in the order `labkit bench all` runs them (cheap ones first).
-BENCHES = ("labkit.sim.bench", "labkit.model.bench", "labkit.benches.fusion", "labkit.benches.quant",
+BENCHES = ("labkit.benches.sim", "labkit.benches.model", "labkit.benches.fusion", "labkit.benches.quant",
            "labkit.benches.prune", "labkit.benches.distill", "labkit.benches.kv", "labkit.benches.cache",
-           "labkit.benches.overhead", "labkit.loadgen.bench", "labkit.loadgen.case_bench")
+           "labkit.benches.overhead", "labkit.benches.loadgen", "labkit.benches.case_study")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 SUMMARY_PREFIX = "SUMMARY "
 SUMMARY_RE = re.compile(r"^SUMMARY (?P<bench>\S+): (?P<text>.*) \[(?P<seconds>\d+) s\]$")

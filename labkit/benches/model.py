@@ -1,4 +1,4 @@
-"""Decode benchmark: ``python -m labkit.model.bench [--quick] [--compile] [--cache-demo]``.
+"""Decode benchmark: ``python -m labkit.benches.model [--size smoke|full] [--compile] [--cache-demo]``.
 
 On the same weights and config it measures decode tokens/s of labkit and of
 transformers' ``generate()`` (use_cache, greedy, fixed new-token count) at batch 1
@@ -30,7 +30,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from labkit import benchkit
+from labkit.benches import kit
 from labkit.model.checkpoint import TINY_DIR, load_tiny
 from labkit.model.generate import generate
 from labkit.model.kv_memory import kv_bytes_per_token
@@ -311,19 +311,19 @@ def cache_demo(model: Transformer, new_tokens: int = 512, prompt_len: int = 16) 
 
 def parser():
     """The shared bench flags plus the decode bench's own."""
-    ap = benchkit.parser("labkit.model.bench", __doc__, devices=("cpu", "cuda", "mps"),
+    ap = kit.parser("labkit.benches.model", __doc__, devices=("cpu", "cuda", "mps"),
                          quick_help="fewer tokens and repeats (~1 min)")
     ap.add_argument("--presets", default="tiny,small", help="comma-separated presets to time")
     ap.add_argument("--batches", default="1,8")
-    ap.add_argument("--new-tokens", type=benchkit.positive_int, default=None,
+    ap.add_argument("--new-tokens", type=kit.positive_int, default=None,
                     help="decode steps timed (default 64, quick 24)")
-    ap.add_argument("--prompt-len", type=benchkit.positive_int, default=16)
+    ap.add_argument("--prompt-len", type=kit.positive_int, default=16)
     ap.add_argument("--compile", action="store_true", help="also time a torch.compile'd decode step")
     ap.add_argument("--compile-presets", default="tiny",
                     help="presets the compile variant runs on (each batch compiles anew, ~45 s on 2 cores)")
     ap.add_argument("--layouts", action="store_true", help="time small's linears in three layouts")
     ap.add_argument("--cache-demo", action="store_true", help="KV cache vs use_cache=False at 512 tokens")
-    ap.add_argument("--cache-demo-tokens", type=benchkit.positive_int, default=512)
+    ap.add_argument("--cache-demo-tokens", type=kit.positive_int, default=512)
     ap.add_argument("--profile", action="store_true", help="print an op profile of labkit decode")
     ap.add_argument("--dtype", default="fp32", choices=sorted(DTYPES), help="weights and KV dtype (default fp32)")
     return ap
@@ -331,7 +331,7 @@ def parser():
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    with benchkit.session(args) as run:
+    with kit.session(args) as run:
         results = body(args, run.device)
         run.results = results
         run.summary = summarize(results["rows"])

@@ -1,4 +1,5 @@
-"""Scheduling policies behind one interface, shared by the simulator and a real server.
+"""Scheduling policies behind one interface, shared by the simulator (`labkit.sim`) and the real
+engine (`labkit.serve`), and the KV reservation rules both name the same way (`RESERVE`).
 
 A policy owns the waiting queue(s). The server calls
 
@@ -21,6 +22,10 @@ from __future__ import annotations
 import heapq
 import math
 from typing import Any, Protocol, Sequence
+
+# How a sequence takes KV memory: "on_demand" (paged: a block at a time as it grows) or "max_len"
+# (room for the longest sequence reserved at admission). labkit.sim.kv and labkit.serve.blocks.
+RESERVE = ("on_demand", "max_len")
 
 
 class SeqView(Protocol):

@@ -1,4 +1,4 @@
-"""`python -m labkit.loadgen.case_bench [--quick]`: the case study's figures (notebook 09), in one run.
+"""`python -m labkit.benches.case_study [--size smoke|full]`: the case study's figures (notebook 09), in one run.
 
 1. The scenario sized on this machine: the fixed service's capacity (closed loop), the rate
    (`Scenario.load` of it, 25%) and the document store's delay (the lock held `Scenario.lock_load`,
@@ -21,19 +21,20 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from labkit import benchkit, presets
+from labkit import presets
+from labkit.benches import kit
 from labkit.loadgen import case
 
 
 def parser():
     """The shared bench flags (the server runs its decoder on CPU with 1 torch thread)."""
-    return benchkit.parser("labkit.loadgen.case_bench", __doc__,
+    return kit.parser("labkit.benches.case_study", __doc__,
                            quick_help="smoke sizes (120 requests per load run, about 3 minutes on 2 CPU cores)")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    with benchkit.session(args) as run:
+    with kit.session(args) as run:
         run.results = body("smoke" if args.quick else "full")
         r = run.results
         run.summary = (f"p99 unsafe/fixed {r['p99_ratio']:.2f}x (mean {r['mean_ratio']:.2f}x), unsafe/unloaded "
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def body(size: str) -> dict[str, Any]:
-    from labkit.ledger import case as verdicts
+    from labkit.ledger import ch6_case as verdicts
 
     P = presets.sizes("case", size)
     w = verdicts.walked(size)
