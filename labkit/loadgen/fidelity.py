@@ -22,13 +22,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from labkit.loadgen.records import RequestRecord
+from labkit.scheduling import make
 from labkit.sim import cost as _cost
 from labkit.sim import metrics
 from labkit.sim.cost import CostModel, LinearCost
 from labkit.sim.engine import simulate
 from labkit.sim.kv import KVMemory
 from labkit.sim.result import Result
-from labkit.scheduling import make
 from labkit.sim.stepcost import StepCost, StepProfile
 from labkit.sim.workload import Workload
 
@@ -56,6 +56,28 @@ class SimServer:
                                                self.watermark))
 
 
+def _engine_rig(model: Any, block_size: int, max_model_len: int) -> tuple[Any, Any]:
+    """(ids, engine) for timing `labkit.serve.engine.Engine.step()` in process: `ids(n)`, n
+    seeded random token ids of `model` (the tiny checkpoint if None); `engine(max_batch)`, a
+    fresh continuous-batching engine on it with room for `max_batch` sequences."""
+    import torch
+
+    from labkit.model import load_tiny
+    from labkit.serve.engine import Engine, EngineConfig
+
+    model = model or load_tiny()
+    gen = torch.Generator().manual_seed(0)
+
+    def ids(n: int) -> list[int]:
+        return torch.randint(model.config.vocab_size, (n,), generator=gen).tolist()
+
+    def engine(max_batch: int) -> Engine:
+        return Engine(model, EngineConfig(policy="continuous", max_batch=max_batch, max_queue=max_batch + 1,
+                                          block_size=block_size, max_model_len=max_model_len))
+
+    return ids, engine
+
+
 def measure_engine(model: Any = None, *, batches: Sequence[int] = (1, 4, 8, 16), contexts: Sequence[int] = (32, 160),
                    prompts: Sequence[int] = (16, 64, 192), repeat: int = 5, threads: int | None = 1,
                    block_size: int = 16, max_model_len: int = 512) -> list[tuple[int, int, int, float]]:
@@ -69,29 +91,17 @@ def measure_engine(model: Any = None, *, batches: Sequence[int] = (1, 4, 8, 16),
     threads while timing (the server runs with 1); restored afterwards."""
     import time
 
-    import torch
+    from labkit.device import threads as torch_threads
 
-    from labkit.model import load_tiny
-    from labkit.serve.engine import Engine, EngineConfig
+    ids, engine = _engine_rig(model, block_size, max_model_len)
 
-    model = model or load_tiny()
-    old_threads = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    gen = torch.Generator().manual_seed(0)
-    ids = lambda n: torch.randint(model.config.vocab_size, (n,), generator=gen).tolist()  # noqa: E731
-
-    def engine(max_batch: int) -> Engine:
-        return Engine(model, EngineConfig(policy="continuous", max_batch=max_batch, max_queue=max_batch + 1,
-                                          block_size=block_size, max_model_len=max_model_len))
-
-    def timed_step(eng: Engine) -> float:
+    def timed_step(eng: Any) -> float:
         t = time.perf_counter()
         eng.step()
         return time.perf_counter() - t
 
     rows: list[tuple[int, int, int, float]] = []
-    try:
+    with torch_threads(threads or None):
         for b in batches:
             for c in contexts:
                 eng = engine(b)
@@ -107,8 +117,6 @@ def measure_engine(model: Any = None, *, batches: Sequence[int] = (1, 4, 8, 16),
                 eng.submit(ids(p), 1, ignore_eos=True)
                 times.append(timed_step(eng))  # admit, prefill, emit the only token, finish
             rows.append((0, p, p, float(np.median(times[1:]))))
-    finally:
-        torch.set_num_threads(old_threads)
     return rows
 
 
@@ -127,23 +135,15 @@ def profile_engine(model: Any = None, *, batches: Sequence[int] = (1, 2, 4, 8, 1
     `threads`: torch intra-op threads while timing (the server runs with 1); restored afterwards.
 
     Returns (profile, overhead rows (rows in the step, engine overhead s per step))."""
+    import platform
+
     import torch
 
-    from labkit.model import load_tiny
-    from labkit.serve.engine import Engine, EngineConfig
+    from labkit.device import threads as torch_threads
 
-    model = model or load_tiny()
-    old_threads = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    gen = torch.Generator().manual_seed(0)
-    ids = lambda n: torch.randint(model.config.vocab_size, (n,), generator=gen).tolist()  # noqa: E731
+    ids, engine = _engine_rig(model, block_size, max_model_len)
 
-    def engine(max_batch: int) -> Engine:
-        return Engine(model, EngineConfig(policy="continuous", max_batch=max_batch, max_queue=max_batch + 1,
-                                          block_size=block_size, max_model_len=max_model_len))
-
-    def timed_step(eng: Engine) -> tuple[float, float]:
+    def timed_step(eng: Any) -> tuple[float, float]:
         """(model s, overhead s) of one step, from the engine's timers."""
         c = eng.metrics.counters
         m0, s0 = c["engine_model_seconds"], c["engine_step_seconds"]
@@ -152,38 +152,33 @@ def profile_engine(model: Any = None, *, batches: Sequence[int] = (1, 2, 4, 8, 1
         return c["engine_model_seconds"] - m0, (c["engine_step_seconds"] - s0) - (c["engine_model_seconds"] - m0)
 
     decode, prefill, overhead = [], [], []
-    try:
-        with torch.inference_mode():
-            for b in batches:
-                for c in contexts:
-                    if c + steps + 2 > max_model_len:
-                        raise ValueError(f"context {c} + {steps + 2} steps is past max_model_len={max_model_len}")
-                    eng = engine(b)
-                    for _ in range(b):
-                        eng.submit(ids(c), steps + 3, ignore_eos=True)
-                    eng.step()  # admission + prefill of all b prompts
-                    eng.step()  # warm-up decode
-                    times = [timed_step(eng) for _ in range(steps)]
-                    # at timed step i (1-based) each sequence attends over c + 1 + i tokens
-                    decode.append((b, c + 1 + (steps + 1) / 2, float(np.median([m for m, _ in times]))))
-                    overhead.append((b, float(np.median([o for _, o in times]))))
-            for p in prompts:
-                n = -(-p // (max_model_len - 1))  # prompts of equal length, each leaving room for its token
-                eng = engine(n)
-                times = []
-                for _ in range(repeat + 1):
-                    for _ in range(n):
-                        eng.submit(ids(p // n), 1, ignore_eos=True)
-                    times.append(timed_step(eng))  # admit, prefill, emit the only token, finish
-                prefill.append((n * (p // n), float(np.median([m for m, _ in times[1:]]))))
-                overhead.append((n, float(np.median([o for _, o in times[1:]]))))
-    finally:
-        torch.set_num_threads(old_threads)
-    import platform
-
+    with torch_threads(threads or None) as used, torch.inference_mode():
+        for b in batches:
+            for c in contexts:
+                if c + steps + 2 > max_model_len:
+                    raise ValueError(f"context {c} + {steps + 2} steps is past max_model_len={max_model_len}")
+                eng = engine(b)
+                for _ in range(b):
+                    eng.submit(ids(c), steps + 3, ignore_eos=True)
+                eng.step()  # admission + prefill of all b prompts
+                eng.step()  # warm-up decode
+                times = [timed_step(eng) for _ in range(steps)]
+                # at timed step i (1-based) each sequence attends over c + 1 + i tokens
+                decode.append((b, c + 1 + (steps + 1) / 2, float(np.median([m for m, _ in times]))))
+                overhead.append((b, float(np.median([o for _, o in times]))))
+        for p in prompts:
+            n = -(-p // (max_model_len - 1))  # prompts of equal length, each leaving room for its token
+            eng = engine(n)
+            times = []
+            for _ in range(repeat + 1):
+                for _ in range(n):
+                    eng.submit(ids(p // n), 1, ignore_eos=True)
+                times.append(timed_step(eng))  # admit, prefill, emit the only token, finish
+            prefill.append((n * (p // n), float(np.median([m for m, _ in times[1:]]))))
+            overhead.append((n, float(np.median([o for _, o in times[1:]]))))
     profile = StepProfile.from_points(decode, prefill, max_model_len,
                                       source=f"labkit engine alone on {platform.node() or 'this machine'}, "
-                                             f"{threads or old_threads} torch thread(s)")
+                                             f"{used} torch thread(s)")
     return profile, overhead
 
 
