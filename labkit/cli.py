@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from pathlib import Path
 
 from labkit import presets
 
@@ -28,8 +29,6 @@ def _notebooks(args: argparse.Namespace) -> int:
 
 def _workcopy(args: argparse.Namespace) -> int:
     from labkit import notebooks
-
-    from pathlib import Path
 
     made = notebooks.make_work_copies(Path(args.to))
     print(f"{args.to}/: {len(made)} new notebook copies" + (f" ({', '.join(p.name for p in made)})" if made else

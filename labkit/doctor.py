@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.metadata as md
 import re
 import sys
+import tomllib
 
 FIX_HINT = "run `make setup` (or `pip install -e .`) in the repository root"
 
@@ -19,8 +20,6 @@ def required_packages() -> list[str]:
     try:
         reqs = md.requires("labkit") or []
     except md.PackageNotFoundError:  # running from a source tree that was never installed
-        import tomllib
-
         from labkit.paths import REPO
 
         pyproject = REPO / "pyproject.toml"

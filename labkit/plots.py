@@ -9,6 +9,7 @@ Each chapter's own plots live next to the code that produces the numbers:
 from __future__ import annotations
 
 import math
+import textwrap
 from typing import Any
 
 
@@ -114,8 +115,6 @@ def place_labels(ax, xs, ys, texts, fontsize: float = 8, **kw: Any) -> list:
 def caption(ax, text: str, width: int = 110) -> Any:
     """Put `text` under the figure of `ax` as a caption (wrapped at `width` characters); returns `ax`.
     The inline backend saves with a tight bounding box, so the caption is kept."""
-    import textwrap
-
     fig = ax.figure
     fig.text(0.01, -0.01, textwrap.fill(text, width), ha="left", va="top", fontsize="small", color="0.25")
     return ax

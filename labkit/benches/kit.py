@@ -26,6 +26,7 @@ import dataclasses
 import datetime as _dt
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -162,8 +163,6 @@ def record(bench: str, args: argparse.Namespace, seconds: float, rc: int, summar
 @contextlib.contextmanager
 def _device_env(dev: Any) -> Iterator[Any]:
     """`dev`, with LABKIT_DEVICE set to it for the block (child processes inherit it); restored after."""
-    import os
-
     before = os.environ.get("LABKIT_DEVICE")
     os.environ["LABKIT_DEVICE"] = str(dev)
     try:

@@ -22,6 +22,7 @@ transformers is imported only here (and in tests), never by labkit's runtime.
 
 from __future__ import annotations
 
+import copy
 import os
 import statistics
 import time
@@ -30,12 +31,12 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from labkit.bench import read_copy_bandwidth
 from labkit.benches import kit
 from labkit.model.checkpoint import TINY_DIR, load_tiny
 from labkit.model.generate import generate
 from labkit.model.kv_memory import kv_bytes_per_token
 from labkit.model.transformer import Transformer
-from labkit.bench import read_copy_bandwidth
 from labkit.timing import measure, quiet_profiler
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -232,8 +233,6 @@ def bench_model(name: str, model: Transformer, *, batches: tuple[int, ...], prom
 def compiled_model(model: Transformer, batch: int, max_len: int) -> tuple[Transformer, float]:
     """`model` whose decode step is torch.compile'd (static cache shapes); returns it and
     the compile time in seconds (first prefill + decode calls)."""
-    import copy
-
     m = copy.copy(model)  # a shallow copy shares the weights; only the decode function differs
     # On a GPU, "reduce-overhead" replays the step as a CUDA graph: one launch per step.
     mode = "reduce-overhead" if model.device.type == "cuda" else "default"

@@ -8,8 +8,11 @@ model fitted to the engine's real step times on this machine (`calibrate_cost`).
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import functools
+import json
+import platform
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -46,8 +49,6 @@ def server_config(policy: str = "continuous", **kw: Any) -> Any:
 
 def serve(policy: str = "continuous", **kw: Any) -> Any:
     """Start `labkit serve` (see `server_config`); use as a context manager or `.stop()` it."""
-    import atexit
-
     from labkit.serve import start_server
 
     handle = start_server(server_config(policy, **kw))
@@ -72,9 +73,6 @@ def calibrate_cost(path: str | Path | None = None, **measure_kw: Any) -> tuple[L
 def calibrate_served(url: str, path: str | Path | None = None, **measure_kw: Any) -> tuple[fidelity.ServedCost, list]:
     """Calibrate the simulator on the running server at `url` as a black box
     (`fidelity.measure_server` + `fidelity.fit_served`); saved to `path` (JSON) if given."""
-    import json
-    import platform
-
     rows = fidelity.measure_server(url, **measure_kw)
     cost = fidelity.fit_served(rows, source=f"labkit serve on {platform.node() or 'this machine'}")
     if path is not None:
@@ -105,8 +103,6 @@ def calibrate_per_step(url: str, cfg: Any, profile: Any = None,
     figures, "serving_factor", "serving_ratios": the engine's model time per step inside the
     server over the profile's for the same calibration runs (`fidelity.serving_factor`; reported,
     not applied)})."""
-    import json
-
     alone = None
     if profile is None:
         profile, alone = fidelity.profile_engine(**profile_grid(cfg))

@@ -17,6 +17,10 @@ between the two is what serving over HTTP adds.
 from __future__ import annotations
 
 import dataclasses
+import os
+import platform
+import time
+import urllib.request
 from typing import Any, Sequence
 
 import numpy as np
@@ -89,8 +93,6 @@ def measure_engine(model: Any = None, *, batches: Sequence[int] = (1, 4, 8, 16),
     Decode rows: `b` sequences with `c`-token prompts, timed decode-only steps. Prefill rows:
     one `p`-token prompt admitted and prefilled in one step. `threads`: torch intra-op
     threads while timing (the server runs with 1); restored afterwards."""
-    import time
-
     from labkit.device import threads as torch_threads
 
     ids, engine = _engine_rig(model, block_size, max_model_len)
@@ -135,8 +137,6 @@ def profile_engine(model: Any = None, *, batches: Sequence[int] = (1, 2, 4, 8, 1
     `threads`: torch intra-op threads while timing (the server runs with 1); restored afterwards.
 
     Returns (profile, overhead rows (rows in the step, engine overhead s per step))."""
-    import platform
-
     import torch
 
     from labkit.device import threads as torch_threads
@@ -184,8 +184,6 @@ def profile_engine(model: Any = None, *, batches: Sequence[int] = (1, 2, 4, 8, 1
 
 def scrape(url: str, timeout_s: float = 10.0) -> dict[str, float]:
     """The server's /metrics at `url`, parsed (`labkit.serve.metrics.parse_prometheus`)."""
-    import urllib.request
-
     from labkit.serve.metrics import parse_prometheus
 
     with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=timeout_s) as r:
@@ -206,9 +204,6 @@ def step_figures(before: dict[str, float], after: dict[str, float]) -> dict[str,
 def cpu_snapshot(pids: Sequence[int] = ()) -> dict[str, float]:
     """Machine-wide CPU seconds (busy, steal) and those of this process and `pids` with their
     children (`cpu_use` subtracts two snapshots)."""
-    import os
-    import time
-
     import psutil
 
     t = psutil.cpu_times()

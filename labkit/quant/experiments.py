@@ -3,16 +3,16 @@ notebook and ``python -m labkit.benches.quant``. Every number is measured when c
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable, Iterable
 
 import torch
 
 from labkit.model import Transformer, perplexity
+from labkit.plots import axes, place_labels, tidy_log_axes
 from labkit.quant.calib import CALIB_METHODS, calibrate, collect_act_stats, plant_outliers, smooth
 from labkit.quant.linear import kernel_paths, model_bytes, quantize_model
-from labkit.plots import axes, place_labels, tidy_log_axes
 from labkit.timing import decode_tok_s
-
 
 # name -> (how to build it from the fp32 model); "bf16"/"fp16" cast, the rest quantize_model.
 WEIGHT_SCHEMES = {
@@ -35,7 +35,6 @@ def build(model: Transformer, name: str) -> Transformer:
         raise ValueError(f"scheme {name!r} not allowed; choose one of {list(WEIGHT_SCHEMES)}")
     spec = dict(WEIGHT_SCHEMES[name])
     if "dtype" in spec:
-        import copy
         return copy.deepcopy(model).to(spec["dtype"])
     if not spec:
         return model

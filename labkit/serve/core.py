@@ -27,6 +27,7 @@ sees the pipe close, fails every request in flight with an error naming the caus
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import itertools
 import logging
@@ -39,8 +40,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from labkit.serve.blocks import BlockManager
-from labkit.serve.engine import (EngineClosed, EngineConfig, Event, QueueFull, Request, check_request,
-                                 sampling_params)
+from labkit.serve.engine import EngineClosed, EngineConfig, Event, QueueFull, Request, check_request, sampling_params
 from labkit.serve.loading import check_model, load_model
 from labkit.serve.metrics import Metrics, SplitMetrics
 
@@ -77,8 +77,6 @@ def _die_with_parent(parent_pid: int) -> None:
     """SIGKILL this process when its parent dies (Linux prctl PR_SET_PDEATHSIG; elsewhere the
     closed pipe ends it). If the parent is already gone, exit now."""
     try:
-        import ctypes
-
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
     except (OSError, AttributeError):
         pass

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import signal
 from typing import Any
@@ -54,8 +55,6 @@ def check_model(model: Any, preset: str, max_model_len: int) -> None:
 def die_with_parent() -> None:
     """In the child, before exec: SIGTERM it when the process that started it dies (a notebook
     kernel killed mid-cell must not leave a server behind). Linux only (prctl PR_SET_PDEATHSIG)."""
-    import ctypes
-
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
     except OSError:
