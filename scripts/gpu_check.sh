@@ -33,7 +33,7 @@ step sim_bench   60 "$PY" -m labkit.benches.sim
 step sparse24    60 "$PY" -m labkit.benches.prune --gemm24-only
 # The case study runs its server on the CPU: a many-core box shows what the lock costs when the fixed
 # service has cores to spare (on 2 cores the fixed service queues too).
-step case_bench 480 "$PY" -m labkit.benches.case_study --json "$OUT/case_bench.json"
+step case_study 480 "$PY" -m labkit.benches.case_study --json "$OUT/case_study.json"
 if "$PY" -c "import papermill" 2>/dev/null; then
   step notebooks 600 "$PY" -m labkit notebooks --size full --out "$OUT/notebooks"
 else
