@@ -260,7 +260,7 @@ def select(only: list[str] | None) -> list[str]:
     name); all of BENCHES for None. Raises ValueError naming the allowed names."""
     if not only:
         return list(BENCHES)
-    short = {m.removeprefix("labkit.").removeprefix("benches.").removesuffix(".bench"): m for m in BENCHES}
+    short = {m.removeprefix("labkit.benches."): m for m in BENCHES}
     picked = []
     for name in only:
         mod = short.get(name) or (name if name in BENCHES else None)
