@@ -70,7 +70,7 @@ def test_the_twin_reproduces_an_engine_whose_step_cost_is_known():
     truth = SyntheticEngine()
     prof = StepProfile.from_points([(b, c, truth.decode(b, c)) for b in BATCHES for c in CONTEXTS],
                                    [(p, truth.prefill(p)) for p in PROMPTS], 512)
-    twin_cost = StepCost(prof, overhead_s=2e-4, overhead_per_row_s=1e-5, request_s=4e-3)
+    twin_cost = StepCost(prof, overhead_s=2e-4, overhead_per_row_s=1e-5, request_s=4e-3, padded_attention=True)
     server = fidelity.SimServer("continuous", max_batch=8, max_queue=40, kv_tokens=8 * 512, max_len=512)
     for rate in (20.0, 80.0, 200.0):
         wl = synthetic(300, rate, prompt={"kind": "uniform", "low": 4, "high": 200},

@@ -56,7 +56,8 @@ class KVCache:
     ``(n_layers, batch, n_kv_heads, max_len + 1, 1)``; attention reads dequantized copies.
 
     Any object with `lengths`, `filled`, `max_len`, `static`, `nbytes` and `writer()`
-    (see `writer`) can stand in for this class; the server's paged cache does.
+    (see `writer`) can stand in for this class; the server's paged cache does (its writer is
+    ragged: rows read in groups, each to its own length; see `Attention.forward`).
     """
 
     def __init__(self, cfg: ModelConfig, batch: int, max_len: int, *,
@@ -214,7 +215,9 @@ class Attention(nn.Module):
         `write` is None (no cache: causal attention over `x` alone) or a cache's
         ``write(layer, k, v) -> (K, V)`` (see `KVCache.writer`); `mask` (B, 1, n_rep·T, L)
         is added to the scores of the L cached positions (-inf: not visible), or None
-        when every query sees every one of them."""
+        when every query sees every one of them. A ragged writer (one with `write.groups`,
+        [(rows, length)]: `labkit.serve.paged`) returns one (K, V) per group and `mask` is a
+        list with one mask per group."""
         B, T = cos.shape[:2]
         H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
         qkv = self.wqkv(x).reshape(B, T, H + 2 * Hkv, D)  # reshape: a "wx" product is transposed
@@ -226,11 +229,16 @@ class Attention(nn.Module):
             # Training / no-cache path: plain causal attention over this sequence.
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=H != Hkv)
         else:
-            kc, vc = write(self.layer_idx, k, v)
+            kv = write(self.layer_idx, k, v)
             # Grouped-query attention without copying K/V: fold the n_rep query heads
             # that share a KV head into the query-length axis (the mask was folded alike).
             q = q.reshape(B, Hkv, (H // Hkv) * T, D)
-            y = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask)
+            if isinstance(kv, tuple):  # every row reads the same kv_len positions
+                y = F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=mask)
+            else:  # ragged (labkit.serve.paged): one attention per group of rows, each to its own length
+                y = q.new_empty(q.shape)
+                for (idx, _), (kc, vc), m in zip(write.groups, kv, mask):
+                    y.index_copy_(0, idx, F.scaled_dot_product_attention(q.index_select(0, idx), kc, vc, attn_mask=m))
             y = y.reshape(B, H, T, D)  # CUDA's SDPA may return it strided: view would fail there
         return self.wo(y.transpose(1, 2).reshape(B * T, H * D))
 
@@ -459,6 +467,17 @@ class Transformer(nn.Module):
         x = self._forward_cached(tokens[:, None], None, lengths, kv_len, writer, masked)
         return self.output(self.norm(x))
 
+    def _visible(self, positions: torch.Tensor, kv_len: int) -> torch.Tensor:
+        """Additive mask (B, 1, n_rep·T, kv_len) for queries at `positions` (B, T): position p
+        sees keys 0..p (causal; positions past a row's length are stale or empty and are excluded
+        by the same test). Built once per pass: SDPA would otherwise convert a bool mask in
+        every layer."""
+        B, T = positions.shape
+        seen = torch.arange(kv_len, device=positions.device) <= positions[:, :, None]  # (B, T, L)
+        n_rep = self.config.n_rep
+        seen = seen[:, None].expand(B, n_rep, T, kv_len).reshape(B, 1, n_rep * T, kv_len)
+        return torch.zeros(seen.shape, dtype=self.dtype, device=positions.device).masked_fill_(~seen, -math.inf)
+
     def _forward_cached(self, tokens: torch.Tensor, new_len: torch.Tensor | None, lengths: torch.Tensor,
                         kv_len: int, writer, masked: bool = True) -> torch.Tensor:
         """Core of the cached passes (no host state, so it compiles whole): stores K/V
@@ -470,17 +489,15 @@ class Transformer(nn.Module):
         steps = torch.arange(T, device=tokens.device)
         positions = lengths[:, None] + steps  # (B, T) absolute positions
         valid = None if new_len is None else steps < new_len[:, None]  # False: right padding, never kept
-        mask = None
-        if masked:
-            # Query at position p sees keys at positions 0..p (causal; positions past a row's
-            # length are stale or empty and are excluded by the same test). Additive and
-            # built once per pass: SDPA would otherwise convert a bool mask in every layer.
-            seen = torch.arange(kv_len, device=tokens.device) <= positions[:, :, None]  # (B, T, L)
-            n_rep = self.config.n_rep
-            seen = seen[:, None].expand(B, n_rep, T, kv_len).reshape(B, 1, n_rep * T, kv_len)
-            mask = torch.zeros(seen.shape, dtype=self.dtype, device=tokens.device).masked_fill_(~seen, -math.inf)
         cos, sin = self._rope(positions, kv_len)
         write = writer(positions, valid, kv_len)
+        groups = getattr(write, "groups", None)  # a ragged writer's row groups: one mask each
+        if not masked:
+            mask = None
+        elif groups is None:
+            mask = self._visible(positions, kv_len)
+        else:
+            mask = [self._visible(positions.index_select(0, idx), n) for idx, n in groups]
         x = self.tok_embeddings(tokens.reshape(B * T))
         for layer in self.layers:
             x = layer(x, cos, sin, write, mask)

@@ -23,7 +23,33 @@ import torch
 from labkit.model.config import ModelConfig
 from labkit.model.kv_quant import check_kv_dtype, dequantize_kv, quantize_kv
 
-Write = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+Write = Callable[[int, torch.Tensor, torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]]]
+
+# A group of rows reads to its longest row's end. A row whose own end is at most this share of
+# the group's length starts a group of its own, unless the tokens it would save are fewer than
+# SPLIT_MIN_TOKENS: another gather + attention call costs more than reading that much padding.
+SPLIT_SHARE = 0.5
+SPLIT_MIN_TOKENS = 64
+
+
+def ragged_groups(ends: Sequence[int], kv_len: int, share: float = SPLIT_SHARE,
+                  min_tokens: int = SPLIT_MIN_TOKENS) -> list[tuple[list[int], int]]:
+    """Rows grouped for ragged attention: `ends[b]` is how many KV tokens row b reads (its
+    length after this pass). Returns [(row indices, tokens the group reads)], longest first;
+    every row is in exactly one group and reads at least its own end. One group (every row to
+    `kv_len`) when nothing is worth splitting."""
+    if not ends or max(ends) > kv_len:
+        raise ValueError(f"row ends {list(ends)!r} must be non-empty and <= kv_len={kv_len}")
+    order = sorted(range(len(ends)), key=lambda b: -ends[b])
+    groups: list[tuple[list[int], int]] = []
+    for b in order:
+        if groups and not (ends[b] <= share * groups[-1][1] and groups[-1][1] - ends[b] >= min_tokens):
+            groups[-1][0].append(b)
+        else:
+            groups.append(([b], ends[b]))
+    if len(groups) == 1:
+        return [(list(range(len(ends))), kv_len)]
+    return [(sorted(rows), n) for rows, n in groups]
 
 
 class PagedKVCache:
@@ -85,16 +111,21 @@ class PagedBatch:
     def nbytes(self) -> int:
         return self.pool.nbytes
 
-    def _slots(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Physical (block, offset) of logical `positions` (B, T), row by row."""
+    def _slots(self, positions: torch.Tensor, table: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Physical (block, offset) of logical `positions` (B, T), row by row of `table` (default:
+        the batch's)."""
+        table = self.table if table is None else table
         bs = self.pool.block_size
-        col = (positions // bs).clamp_(max=self.table.shape[1] - 1)
-        return self.table.gather(1, col), positions % bs
+        col = (positions // bs).clamp_(max=table.shape[1] - 1)
+        return table.gather(1, col), positions % bs
 
     def writer(self, positions: torch.Tensor, valid: torch.Tensor, kv_len: int) -> Write:
         """Plan one pass (see `labkit.model.KVCache.writer`): new K/V of valid tokens go to
-        their blocks, padding to the sink; reads gather the first `kv_len` positions of
-        every row through its table."""
+        their blocks, padding to the sink. Reads are ragged: rows are grouped by how far they
+        read (`ragged_groups`), and each group gathers only up to its own longest row, so a
+        batch with one long sequence does not make every row read that far. The returned
+        ``write(layer, k, v)`` gives one (K, V) per group, each (rows, Hkv, its length, w), and
+        carries ``write.groups``: [(row indices, length)], the order the model attends in."""
         pool = self.pool
         # A valid token past its row's blocks would land in the sink and be lost: refuse.
         beyond = valid & (positions // pool.block_size >= self.n_blocks[:, None])
@@ -105,29 +136,35 @@ class PagedBatch:
         # one index_select/index_copy_ per tensor (5x faster on CPU than 3-tensor indexing).
         blk, off = self._slots(positions)
         w_rows = self._rows(torch.where(valid, blk, pool.sink), off)
-        r_blk, r_off = self._slots(torch.arange(kv_len, device=positions.device).expand(len(positions), kv_len))
-        r_rows = self._rows(r_blk, r_off)
-        B = len(positions)
+        ends = (torch.where(valid, positions, -1).amax(1) + 1).tolist()  # tokens each row reads
+        groups, reads = [], []
+        for rows, length in ragged_groups(ends, kv_len, SPLIT_SHARE, SPLIT_MIN_TOKENS):
+            idx = torch.tensor(rows, dtype=torch.long, device=positions.device)
+            r_blk, r_off = self._slots(torch.arange(length, device=positions.device).expand(len(rows), length),
+                                       self.table[idx])
+            groups.append((idx, length))
+            reads.append(self._rows(r_blk, r_off))
 
-        def put(store: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-            """Write `new` (B, Hkv, T, w) into `store` (one layer's pool), read back (B, Hkv, kv_len, w)."""
+        def put(store: torch.Tensor, new: torch.Tensor) -> list[torch.Tensor]:
+            """Write `new` (B, Hkv, T, w) into `store` (one layer's pool); read back each group's
+            rows, (rows, Hkv, length, w)."""
             w = store.shape[-1]
             flat = store.view(-1, w)
             flat.index_copy_(0, w_rows, new.reshape(-1, w))
-            return flat.index_select(0, r_rows).view(B, -1, kv_len, w)
+            return [flat.index_select(0, r).view(len(idx), -1, n, w) for r, (idx, n) in zip(reads, groups)]
 
         if pool.kv_dtype == "model":
-            def write(i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-                return put(pool.k[i], k), put(pool.v[i], v)
-            return write
-
-        def write_int8(i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            out = []
-            for codes, scales, new in ((pool.k[i], pool.k_scale[i], k), (pool.v[i], pool.v_scale[i], v)):
-                q, s = quantize_kv(new)
-                out.append(dequantize_kv(put(codes, q), put(scales, s), pool.dtype))
-            return out[0], out[1]
-        return write_int8
+            def write(i: int, k: torch.Tensor, v: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+                return list(zip(put(pool.k[i], k), put(pool.v[i], v)))
+        else:
+            def write(i: int, k: torch.Tensor, v: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+                out = []
+                for codes, scales, new in ((pool.k[i], pool.k_scale[i], k), (pool.v[i], pool.v_scale[i], v)):
+                    q, s = quantize_kv(new)
+                    out.append([dequantize_kv(c, sc, pool.dtype) for c, sc in zip(put(codes, q), put(scales, s))])
+                return list(zip(*out))
+        write.groups = groups  # type: ignore[attr-defined]
+        return write
 
     def _rows(self, blk: torch.Tensor, off: torch.Tensor) -> torch.Tensor:
         """Flat pool rows (B·Hkv·T,) of (block, head, offset) for `blk`, `off` (B, T), head-major

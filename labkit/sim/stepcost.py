@@ -168,8 +168,9 @@ class StepCost:
     step_time(B, P, C) = serving_factor x (prefill_at(P) [if P] + decode_at(B, (C - P) / B) [if B])
     + overhead_s + overhead_per_row_s x (B + [P > 0]); C counts every KV token the step's
     attention reads, prompt tokens included, so (C - P) / B is the context each decoder's row
-    is read to: the longest decoder's when `padded_attention` (labkit's paged batch pads every
-    row to the longest; the simulator passes B x the longest context + P), else their mean. `request_s` (s) is added to every request's TTFT and E2E by the
+    is read to: the longest decoder's when `padded_attention` (an engine that pads every row to
+    the longest; the simulator passes B x the longest context + P), else their mean (labkit's
+    paged batch, which groups rows by length and reads each group to its own longest). `request_s` (s) is added to every request's TTFT and E2E by the
     twin's replay (`labkit.loadgen.fidelity.replay`), as `ServedCost`'s; `first_token_s` (s), where
     given, is the part of it before the first token (added to TTFT instead). `serving_factor`: how
     much slower the engine's model passes run inside the server than alone (other processes
@@ -182,9 +183,10 @@ class StepCost:
     request_s: float = 0.0
     serving_factor: float = 1.0
     name: str = "per-step"
-    # labkit's paged batch reads every row's KV up to the longest row's length: the simulator
-    # then passes decoders x the longest context (see `labkit.sim.engine`), so (C - P) / B is it
-    padded_attention: bool = True
+    # True for an engine whose batch reads every row's KV up to the longest row's length: the
+    # simulator then passes decoders x the longest context (see `labkit.sim.engine`). labkit's
+    # paged batch reads ragged (`labkit.serve.paged.ragged_groups`): each row about its own length
+    padded_attention: bool = False
     first_token_s: float | None = None
 
     def __post_init__(self) -> None:
