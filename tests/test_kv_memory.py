@@ -172,3 +172,15 @@ def test_a_run_time_kv_setting_maps_to_what_it_stores():
         assert cache.nbytes == kv_cache_bytes(cfg, 2, 21, stored_as(torch.float32, kind))
     with pytest.raises(ValueError, match="kv_dtype 'fp8' not allowed"):
         stored_as(torch.float32, "fp8")
+
+
+def test_ragged_decode_times_both_reads_of_one_batch(tiny):
+    """The bench's comparison runs both reads and counts the groups the ragged read makes: one
+    for equal rows (nothing to save), several for one long row among short ones. No timing is
+    asserted: speed is the bench's to print (`python -m labkit.benches.kv`)."""
+    from labkit.serve import kv_capacity as kb
+
+    mixed = kb.ragged_decode(tiny, [200] + [20] * 7, steps=2, rounds=1)
+    equal = kb.ragged_decode(tiny, [60] * 4, steps=2, rounds=1)
+    assert mixed["groups"] == 2 and equal["groups"] == 1
+    assert all(r[k] > 0 for r in (mixed, equal) for k in ("ragged_s", "padded_s"))

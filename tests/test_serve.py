@@ -86,17 +86,17 @@ def test_block_manager_rules():
 
 @pytest.mark.parametrize("block_size", [1, 16, 7])
 @pytest.mark.parametrize("kv_dtype", ["model", "int8"])
-@pytest.mark.parametrize("split_min_tokens", [0, 10**6], ids=["ragged", "one-group"])
-def test_paged_cache_matches_contiguous(random_tiny, block_size, kv_dtype, split_min_tokens, monkeypatch):
+@pytest.mark.parametrize("ragged", [True, False], ids=["ragged", "one-group"])
+def test_paged_cache_matches_contiguous(random_tiny, block_size, kv_dtype, ragged, monkeypatch):
     """Same logits through random block tables as through the contiguous KVCache, for a ragged
     prefill, a mixed step (one row prefills a chunk, the others decode) and decode steps; with
     the rows read in groups by length (every split taken) and as one padded group."""
-    monkeypatch.setattr(paged, "SPLIT_MIN_TOKENS", split_min_tokens)
+    monkeypatch.setattr(paged, "SPLIT_MIN_TOKENS", 0)
     torch.manual_seed(block_size)
     model = random_tiny
     cfg, B, cap = model.config, 4, 70
     kv = BlockManager(B * -(-cap // block_size) + 5, block_size, max_len=cap)
-    pool = PagedKVCache(cfg, kv.total, block_size, kv_dtype=kv_dtype)
+    pool = PagedKVCache(cfg, kv.total, block_size, kv_dtype=kv_dtype, ragged=ragged)
     # shuffle the free list so tables are scattered, interleaved blocks
     random.Random(block_size).shuffle(kv._free)
     tables = [kv.allocate(i, cap) for i in range(B)]
@@ -104,7 +104,7 @@ def test_paged_cache_matches_contiguous(random_tiny, block_size, kv_dtype, split
     # Attention over a group's own length sums in another order than over the padded batch's
     # (differences ~1e-6); with int8 KV such a difference can move a value across a rounding
     # step of its code (1/127 of the vector's largest), which later layers carry on.
-    tol = 2e-3 if (split_min_tokens == 0 and kv_dtype == "int8") else 1e-5
+    tol = 2e-3 if (ragged and kv_dtype == "int8") else 1e-5
     steps = [(torch.randint(0, 4096, (B, 23)), [5, 23, 9, 1]),  # ragged prefill, lengths not multiples of 7/16
              (torch.randint(0, 4096, (B, 11)), [11, 1, 1, 4])]  # mixed: chunks and decodes in one pass
     with torch.inference_mode():
@@ -115,6 +115,9 @@ def test_paged_cache_matches_contiguous(random_tiny, block_size, kv_dtype, split
             t = torch.randint(0, 4096, (B,))
             torch.testing.assert_close(model.decode_step(t, view), model.decode_step(t, ref), rtol=tol, atol=tol)
     assert view.lengths.tolist() == ref.lengths.tolist() == [22, 30, 16, 11]
+    # the ragged view really read in groups (11 <= 30 / 2), the padded one in one
+    pos = view.lengths[:, None]
+    assert len(view.writer(pos, torch.ones_like(pos, dtype=torch.bool), 31).groups) == (2 if ragged else 1)
     for i in range(B):
         kv.release(i)
     assert kv.free == kv.total

@@ -1,4 +1,5 @@
-"""KV-cache memory on the real engine: paged vs max-length reservation, block size, int8.
+"""KV-cache memory on the real engine: paged vs max-length reservation, block size, int8; and the
+paged cache's ragged reads vs padded ones on decode batches of mixed lengths.
 
     python -m labkit.benches.kv [--size smoke|full]
 
@@ -18,7 +19,7 @@ from labkit.benches import kit
 from labkit.data import corpus_ids
 from labkit.model import load_tiny, perplexity
 from labkit.model.kv_memory import kv_bytes_per_token
-from labkit.serve.kv_capacity import decode_speed, format_runs, mixed_workload, run
+from labkit.serve.kv_capacity import decode_speed, format_runs, mixed_workload, ragged_decode, run
 
 
 def parser() -> argparse.ArgumentParser:
@@ -35,8 +36,18 @@ def main(argv: list[str] | None = None) -> int:
         session.results = body(args.size)
         r = session.results
         session.summary = (f"paged/max-length concurrency {r['paged_gain']:.1f}x; int8 KV concurrency "
-                           f"{r['int8_gain']:.2f}x, perplexity {r['int8_dppl_pct']:+.2f}%")
+                           f"{r['int8_gain']:.2f}x, perplexity {r['int8_dppl_pct']:+.2f}%; decode step padded/ragged "
+                           + ", ".join(f"{v['padded_s'] / v['ragged_s']:.2f}x" for v in r["ragged_decode"].values()))
     return session.rc
+
+
+def ragged_batches(max_len: int) -> list[tuple[str, list[int]]]:
+    """Decode batches whose rows hold different contexts (tokens): one long row among short ones,
+    and a spread of lengths; plus equal rows, where ragged reads have nothing to save."""
+    top = max_len - 2
+    return [(f"1 x {top} + 15 x 32 tokens", [top] + [32] * 15),
+            ("16 rows spread over 16.." + str(top), np.linspace(16, top, 16).astype(int).tolist()),
+            (f"16 x {top} tokens", [top] * 16)]
 
 
 def body(size: str) -> dict:
@@ -63,12 +74,16 @@ def body(size: str) -> dict:
     speed = {k: decode_speed(model, k, batch=P["speed_batch"], prompt=P["speed_tokens"], output=P["speed_tokens"],
                              repeat=P["speed_repeat"]) for k in ("model", "int8")}
     gain = int8["peak_running"] / base["peak_running"]
+    ragged = {name: ragged_decode(model, ctx, rounds=P["speed_repeat"]) for name, ctx in ragged_batches(P["engine_max_len"])}
+    for name, r in ragged.items():
+        print(f"decode step, {name}: ragged reads {1e3 * r['ragged_s']:.2f} ms ({r['groups']} groups) vs padded "
+              f"{1e3 * r['padded_s']:.2f} ms: {r['padded_s'] / r['ragged_s']:.2f}x")
     print(f"int8 KV ({len(wl8.prompt)} requests): {int8['bytes_per_token']} vs {base['bytes_per_token']} bytes/token, "
           f"max concurrency {int8['peak_running']} vs {base['peak_running']} ({gain:.2f}x) at the same budget; "
           f"perplexity {ppl['model']:.3f} -> {ppl['int8']:.3f} ({100 * (ppl['int8'] / ppl['model'] - 1):+.2f}%); "
           f"decode {speed['model']:.0f} -> {speed['int8']:.0f} tokens/s")
     return {"rows": rows, "int8_rows": [base, int8], "perplexity": ppl, "decode_tok_s": speed,
-            "paged_gain": paged["peak_running"] / contig["peak_running"], "int8_gain": gain,
+            "paged_gain": paged["peak_running"] / contig["peak_running"], "int8_gain": gain, "ragged_decode": ragged,
             "int8_dppl_pct": 100 * (ppl["int8"] / ppl["model"] - 1)}
 
 

@@ -26,6 +26,7 @@ import torch
 
 from labkit.model import Transformer
 from labkit.model.kv_memory import kv_bytes_per_token, kv_cache_bytes, kv_dtype_name, stored_as
+from labkit.serve import paged
 from labkit.serve.engine import Engine, EngineConfig
 from labkit.plots import axes
 from labkit.report import format_rows
@@ -121,6 +122,37 @@ def decode_speed(model: Transformer, kv_dtype: str, batch: int = 8, prompt: int 
     budget = kv_cache_bytes(model.config, batch, prompt + output, model.dtype, block_size)
     return max(run(model, wl, budget, block_size=block_size, kv_dtype=kv_dtype, max_batch=batch,
                    seed=seed)["tokens_per_s"] for _ in range(repeat))
+
+
+def ragged_decode(model: Transformer, contexts: Sequence[int], block_size: int = 16, steps: int = 10,
+                  rounds: int = 5) -> dict[str, float]:
+    """Decode-step time (s) of one batch whose rows hold `contexts` tokens each, through the paged
+    cache read ragged (rows grouped by length, `labkit.serve.paged.ragged_groups`) and read padded
+    (every row to the longest), in `rounds` interleaved rounds of `steps` steps; each figure is the
+    median over rounds of a round's median step. Returns {"ragged_s", "padded_s", "groups"}."""
+    tables, first = [], 0
+    for c in contexts:
+        n = -(-(c + 1) // block_size)
+        tables.append(list(range(first, first + n)))
+        first += n
+    pools = {k: paged.PagedKVCache(model.config, first, block_size, dtype=model.dtype, device=model.device, ragged=k)
+             for k in (True, False)}
+    tokens = torch.zeros(len(contexts), dtype=torch.long, device=model.device)
+    per_round: dict[bool, list[float]] = {True: [], False: []}
+    with torch.inference_mode():
+        for _ in range(rounds):
+            for ragged, pool in pools.items():
+                times = []
+                for _ in range(steps + 1):  # the first is a warm-up
+                    view = pool.view(tables, contexts)  # the same contexts every step
+                    t0 = time.perf_counter()
+                    model.decode_step(tokens, view)
+                    times.append(time.perf_counter() - t0)
+                per_round[ragged].append(float(np.median(times[1:])))
+    ends = [c + 1 for c in contexts]
+    groups = len(paged.ragged_groups(ends, max(ends), paged.SPLIT_SHARE, paged.SPLIT_MIN_TOKENS))
+    return {"ragged_s": float(np.median(per_round[True])), "padded_s": float(np.median(per_round[False])),
+            "groups": groups}
 
 
 def plot_block_sizes(rows: Sequence[dict], predicted: Sequence[dict], ax=None):

@@ -56,11 +56,13 @@ class PagedKVCache:
     """Pools of `n_blocks` KV blocks of `block_size` tokens for every layer of `cfg`'s model."""
 
     def __init__(self, cfg: ModelConfig, n_blocks: int, block_size: int, *,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", kv_dtype: str = "model"):
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", kv_dtype: str = "model",
+                 ragged: bool = True):
         if n_blocks < 1 or block_size < 1:
             raise ValueError(f"PagedKVCache needs n_blocks >= 1 and block_size >= 1 token, got {n_blocks}, {block_size}")
         self.kv_dtype = check_kv_dtype(kv_dtype)
         self.n_blocks, self.block_size, self.dtype = n_blocks, block_size, dtype
+        self.ragged = ragged  # False: every row of a pass reads to the longest (one group), for comparison
         self.sink = n_blocks
         shape = (cfg.n_layers, n_blocks + 1, cfg.n_kv_heads, block_size, cfg.head_dim)
         store = torch.int8 if kv_dtype == "int8" else dtype
@@ -138,7 +140,8 @@ class PagedBatch:
         w_rows = self._rows(torch.where(valid, blk, pool.sink), off)
         ends = (torch.where(valid, positions, -1).amax(1) + 1).tolist()  # tokens each row reads
         groups, reads = [], []
-        for rows, length in ragged_groups(ends, kv_len, SPLIT_SHARE, SPLIT_MIN_TOKENS):
+        split = SPLIT_MIN_TOKENS if pool.ragged else kv_len + 1  # a split saving more than kv_len: never
+        for rows, length in ragged_groups(ends, kv_len, SPLIT_SHARE, split):
             idx = torch.tensor(rows, dtype=torch.long, device=positions.device)
             r_blk, r_off = self._slots(torch.arange(length, device=positions.device).expand(len(rows), length),
                                        self.table[idx])

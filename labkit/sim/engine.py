@@ -5,7 +5,8 @@ prompt chunks (tokens each) instead of their sum, for steps that carry prompt to
 prompts are laid out (padded to the longest, one pass or two) changes what the step costs
 (`labkit.sim.stepcost.StepCost`). A cost model with `padded_attention = True` is passed, as
 context_tokens, the decoders' count x the longest one's context (+ the prompt tokens): the KV
-an engine reads when it pads every row to the longest, as labkit's paged batch does.
+an engine reads when it pads every row to the longest (labkit's paged batch did, before it
+grouped rows by length: `labkit.serve.paged.ragged_groups`).
 
 Time only moves when a step runs (by its cost) or when the server idles to the next
 arrival or timer. Each step: every running sequence past its prompt decodes one token,
