@@ -494,7 +494,7 @@ class Transformer(nn.Module):
         groups = getattr(write, "groups", None)  # a ragged writer's row groups: one mask each
         if not masked:
             mask = None
-        elif groups is None:
+        elif groups is None or len(groups) == 1:  # one group reads every row, in order, to kv_len
             mask = self._visible(positions, kv_len)
         else:
             mask = [self._visible(positions.index_select(0, idx), n) for idx, n in groups]

@@ -23,7 +23,8 @@ import torch
 from labkit.model.config import ModelConfig
 from labkit.model.kv_quant import check_kv_dtype, dequantize_kv, quantize_kv
 
-Write = Callable[[int, torch.Tensor, torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]]]
+Write = Callable[[int, torch.Tensor, torch.Tensor],
+                 tuple[torch.Tensor, torch.Tensor] | list[tuple[torch.Tensor, torch.Tensor]]]
 
 # A group of rows reads to its longest row's end. A row whose own end is at most this share of
 # the group's length starts a group of its own, unless the tokens it would save are fewer than
@@ -126,8 +127,9 @@ class PagedBatch:
         their blocks, padding to the sink. Reads are ragged: rows are grouped by how far they
         read (`ragged_groups`), and each group gathers only up to its own longest row, so a
         batch with one long sequence does not make every row read that far. The returned
-        ``write(layer, k, v)`` gives one (K, V) per group, each (rows, Hkv, its length, w), and
-        carries ``write.groups``: [(row indices, length)], the order the model attends in."""
+        ``write(layer, k, v)`` gives one (K, V) per group, each (rows, Hkv, its length, w) (one
+        group: the (K, V) itself, every row in order to `kv_len`), and carries ``write.groups``:
+        [(row indices, length)], the order the model attends in."""
         pool = self.pool
         # A valid token past its row's blocks would land in the sink and be lost: refuse.
         beyond = valid & (positions // pool.block_size >= self.n_blocks[:, None])
@@ -166,6 +168,10 @@ class PagedBatch:
                     q, s = quantize_kv(new)
                     out.append([dequantize_kv(c, sc, pool.dtype) for c, sc in zip(put(codes, q), put(scales, s))])
                 return list(zip(*out))
+        if len(groups) == 1:  # every row reads to kv_len in order: the plain (K, V), no per-group indexing
+            def one(i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                return ragged(i, k, v)[0]
+            ragged, write = write, one
         write.groups = groups  # type: ignore[attr-defined]
         return write
 
