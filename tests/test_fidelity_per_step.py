@@ -138,6 +138,27 @@ def test_profile_engine_times_the_real_engine_on_its_grid():
         fidelity.profile_engine(batches=(1,), contexts=(60,), prompts=(4,), steps=4, max_model_len=64)
 
 
+def test_profile_engine_times_a_two_group_batch_for_the_cost_of_a_group(monkeypatch):
+    """4 rows, two at 300 tokens and two at 8: the paged batch reads them as two groups, and the
+    profile's group_s comes from timing that batch (a number of seconds >= 0; its size is the
+    machine's)."""
+    pytest.importorskip("labkit.serve")
+    seen = []
+    real = fidelity.ragged_groups
+
+    def spy(ends, kv_len, *a):
+        seen.append(len(real(ends, kv_len, *a)))
+        return real(ends, kv_len, *a)
+
+    monkeypatch.setattr(fidelity, "ragged_groups", spy)
+    prof, _ = fidelity.profile_engine(batches=(1, 4), contexts=(8, 300), prompts=(4,), steps=2, repeat=1,
+                                      max_model_len=320)
+    assert seen == [2] and np.isfinite(prof.group_s) and prof.group_s >= 0
+    narrow, _ = fidelity.profile_engine(batches=(4,), contexts=(8, 40), prompts=(4,), steps=2, repeat=1,
+                                        max_model_len=64)
+    assert seen == [2, 1] and narrow.group_s == 0.0  # too little spread to split: not measured
+
+
 @pytest.fixture(scope="module")
 def tiny_server():
     serve = pytest.importorskip("labkit.serve")

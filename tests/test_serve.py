@@ -4,7 +4,9 @@ format, and the real HTTP server under load (openai client, 429s, disconnects, s
 import argparse
 import asyncio
 import dataclasses
+import itertools
 import json
+import math
 import random
 import time
 
@@ -20,6 +22,7 @@ from labkit.serve import (BlockManager, Engine, EngineClosed, EngineConfig, Page
 from labkit.serve import cli as serve_cli
 from labkit.serve.engine import EngineSettings
 from labkit.serve import metrics as metrics_mod
+from labkit import ragged as grouping
 from labkit.serve import paged
 from labkit.serve import protocol
 from labkit.serve.blocks import OutOfBlocks
@@ -91,7 +94,7 @@ def test_paged_cache_matches_contiguous(random_tiny, block_size, kv_dtype, ragge
     """Same logits through random block tables as through the contiguous KVCache, for a ragged
     prefill, a mixed step (one row prefills a chunk, the others decode) and decode steps; with
     the rows read in groups by length (every split taken) and as one padded group."""
-    monkeypatch.setattr(paged, "SPLIT_MIN_TOKENS", 0)
+    monkeypatch.setattr(grouping, "SPLIT_COST_TOKENS", 0)  # every split is free: each distinct length its own group
     torch.manual_seed(block_size)
     model = random_tiny
     cfg, B, cap = model.config, 4, 70
@@ -115,39 +118,51 @@ def test_paged_cache_matches_contiguous(random_tiny, block_size, kv_dtype, ragge
             t = torch.randint(0, 4096, (B,))
             torch.testing.assert_close(model.decode_step(t, view), model.decode_step(t, ref), rtol=tol, atol=tol)
     assert view.lengths.tolist() == ref.lengths.tolist() == [22, 30, 16, 11]
-    # the ragged view really read in groups (11 <= 30 / 2), the padded one in one
+    # the ragged view really read in groups (one per distinct end: 23, 31, 17, 12), the padded one in one
     pos = view.lengths[:, None]
-    assert len(view.writer(pos, torch.ones_like(pos, dtype=torch.bool), 31).groups) == (2 if ragged else 1)
+    assert len(view.writer(pos, torch.ones_like(pos, dtype=torch.bool), 31).groups) == (4 if ragged else 1)
     for i in range(B):
         kv.release(i)
     assert kv.free == kv.total
     kv.check()
 
 
+def _cost(groups, split_cost):
+    return grouping.tokens_read(groups) + split_cost * (len(groups) - 1)
+
+
 @settings(max_examples=200, deadline=None)
-@given(ends=st.lists(st.integers(1, 300), min_size=1, max_size=20), share=st.sampled_from([0.25, 0.5, 0.9]),
-       min_tokens=st.integers(0, 100), extra=st.integers(0, 20))
-def test_ragged_groups_cover_every_row_once_and_read_enough(ends, share, min_tokens, extra):
-    """Each row in one group that reads at least its own end; a group's rows that would read less
-    than `share` of it save fewer than `min_tokens`; one group reads the whole kv_len."""
+@given(ends=st.lists(st.integers(1, 300), min_size=1, max_size=9), split_cost=st.sampled_from([0, 1, 64, 512, 1e9]),
+       extra=st.integers(0, 20))
+def test_ragged_groups_cover_every_row_once_and_read_the_least(ends, split_cost, extra):
+    """Each row in one group that reads at least its own end; no other grouping of the rows
+    sorted by end (every set of cuts, brute force) reads fewer tokens + split_cost per extra group;
+    one group reads the whole kv_len."""
     kv_len = max(ends) + extra
-    groups = paged.ragged_groups(ends, kv_len, share, min_tokens)
+    groups = grouping.ragged_groups(ends, kv_len, split_cost)
     assert sorted(b for rows, _ in groups for b in rows) == list(range(len(ends)))
     assert all(n >= ends[b] for rows, n in groups for b in rows)
     if len(groups) == 1:
         assert groups[0][1] == kv_len
     else:
         assert [n for _, n in groups] == sorted((n for _, n in groups), reverse=True)
-        for rows, n in groups:
-            assert n == max(ends[b] for b in rows)
-            assert all(ends[b] > share * n or n - ends[b] < min_tokens for b in rows)
+        assert all(n == max(ends[b] for b in rows) for rows, n in groups)
+    e = sorted(ends, reverse=True)
+    best = min(sum((j - i) * e[i] for i, j in zip((0, *cuts), (*cuts, len(e)))) + split_cost * len(cuts)
+               for k in range(len(e)) for cuts in itertools.combinations(range(1, len(e)), k))
+    assert _cost(grouping.ragged_groups(ends, e[0], split_cost), split_cost) == pytest.approx(best)
     with pytest.raises(ValueError, match="kv_len"):
-        paged.ragged_groups(ends, max(ends) - 1)
+        grouping.ragged_groups(ends, max(ends) - 1)
 
 
-def test_ragged_groups_split_a_long_row_from_short_ones():
-    assert paged.ragged_groups([450, 30, 30, 200], 450, 0.5, 64) == [([0], 450), ([3], 200), ([1, 2], 30)]
-    assert paged.ragged_groups([450, 420, 400], 450, 0.5, 64) == [([0, 1, 2], 450)]  # nothing worth splitting
+def test_ragged_groups_split_only_where_it_pays():
+    # 512 token-rows per extra group: the long pair and the short pair (960 + 60 + 512 < 4 x 450)
+    assert paged.ragged_groups([450, 30, 30, 200], 450) == [([0, 3], 450), ([1, 2], 30)]
+    assert grouping.ragged_groups([450, 30, 30, 200], 450, 64) == [([0], 450), ([3], 200), ([1, 2], 30)]
+    assert grouping.ragged_groups([450, 420, 400], 450) == [([0, 1, 2], 450)]  # nothing worth splitting
+    assert grouping.ragged_groups([450, 30], 450, math.inf) == [([0, 1], 450)]  # never
+    with pytest.raises(ValueError, match="split_cost"):
+        grouping.ragged_groups([3, 2], 3, -1)
 
 
 def test_paged_write_past_table_is_refused(random_tiny):

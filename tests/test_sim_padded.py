@@ -43,3 +43,26 @@ def test_padded_cost_sees_batch_times_the_longest_context():
     # the 40-token request finishes after its 3rd token; the other decodes alone from 12 tokens
     assert padded[3] == (1, 0, 12) and plain[3] == (1, 0, 12)
     assert len(padded) == len(plain) == 5
+
+
+class GroupedRecorder(Recorder):
+    """A cost model whose engine reads in groups: records each step's decoder contexts."""
+
+    def __init__(self):
+        super().__init__(False)
+        self.contexts: list[list[int]] = []
+
+    def decode_read(self, contexts):
+        self.contexts.append(sorted(contexts))
+        return 1000 + len(contexts), 5e-4
+
+
+def test_grouped_cost_sees_every_decoders_context_and_adds_its_extra_time():
+    wl = Workload(np.zeros(2), np.array([10, 40]), np.array([5, 3]), np.zeros(2, dtype=np.int64))
+    cost = GroupedRecorder()
+    res = simulate(wl, make("continuous", max_batch=4), cost)
+    assert res.done.all()
+    assert cost.contexts == [[10, 40], [11, 41], [12], [13]]
+    assert cost.calls[1:] == [(2, 0, 1002), (2, 0, 1002), (1, 0, 1001), (1, 0, 1001)]
+    # every decode step took the recorder's 1 ms plus the 0.5 ms its groups add; the prefill none
+    assert np.allclose(res.timeline["dt"], [1e-3] + [1.5e-3] * 4)

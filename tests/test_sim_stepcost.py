@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -160,3 +161,17 @@ def test_merging_profiles_takes_the_median_per_point():
     with pytest.raises(ValueError, match="share one grid"):
         StepProfile.merge([a, profile(max_context=600)])
     assert c == a
+
+
+def test_decode_read_groups_rows_as_the_paged_batch_does():
+    """Decoders at 449, 29, 29 and 199 tokens (ends 450, 30, 30, 200): the paged batch reads the
+    long pair to 450 and the short pair to 30 (`labkit.ragged`); the extra group adds group_s,
+    scaled like every model pass."""
+    prof = dataclasses.replace(profile(), group_s=4e-4)
+    cost = StepCost(prof, serving_factor=1.5)
+    assert cost.decode_read([449, 29, 29, 199]) == (2 * 450 + 2 * 30 - 4, pytest.approx(1.5 * 4e-4))
+    assert cost.decode_read([100, 99, 98]) == (3 * 100, 0.0)  # nothing worth splitting: one group to the longest
+    back = StepProfile.from_dict(json.loads(json.dumps(prof.to_dict())))
+    assert back == prof and StepProfile.merge([prof, prof, profile()]).group_s == 4e-4
+    with pytest.raises(ValueError, match="group_s"):
+        dataclasses.replace(prof, group_s=-1.0)

@@ -26,6 +26,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from labkit.loadgen.records import RequestRecord
+from labkit.ragged import ragged_groups
 from labkit.scheduling import make
 from labkit.sim import cost as _cost
 from labkit.sim import metrics
@@ -135,6 +136,10 @@ def profile_engine(model: Any = None, *, batches: Sequence[int] = (1, 2, 4, 8, 1
     mean over the timed steps). Prefill points: `p` prompt tokens in one step (one prompt, or
     several of equal length past `max_model_len`), 1 output token, median of `repeat`.
     `threads`: torch intra-op threads while timing (the server runs with 1); restored afterwards.
+    The profile's `group_s`, what one more read group adds to a decode pass: batches of >= 4
+    rows, half at the longest context point and half at the shortest (the paged batch reads
+    them as two groups), timed like the decode points; the median over those batches of their
+    time minus the grid's one-group pass at the same tokens read (>= 0).
 
     Returns (profile, overhead rows (rows in the step, engine overhead s per step))."""
     import torch
@@ -151,21 +156,32 @@ def profile_engine(model: Any = None, *, batches: Sequence[int] = (1, 2, 4, 8, 1
             raise RuntimeError("the engine had nothing to run while being profiled")
         return c["engine_model_seconds"] - m0, (c["engine_step_seconds"] - s0) - (c["engine_model_seconds"] - m0)
 
-    decode, prefill, overhead = [], [], []
+    def timed_decode(prompts: Sequence[int]) -> list[tuple[float, float]]:
+        """`steps` timed decode steps of one batch of sequences with `prompts`-token prompts."""
+        eng = engine(len(prompts))
+        for c in prompts:
+            eng.submit(ids(c), steps + 3, ignore_eos=True)
+        eng.step()  # admission + prefill of all prompts
+        eng.step()  # warm-up decode
+        return [timed_step(eng) for _ in range(steps)]
+
+    mid = 1 + (steps + 1) / 2  # at timed step i (1-based) a sequence attends over its prompt + 1 + i tokens
+    decode, prefill, overhead, split = [], [], [], []
     with torch_threads(threads or None) as used, torch.inference_mode():
         for b in batches:
             for c in contexts:
                 if c + steps + 2 > max_model_len:
                     raise ValueError(f"context {c} + {steps + 2} steps is past max_model_len={max_model_len}")
-                eng = engine(b)
-                for _ in range(b):
-                    eng.submit(ids(c), steps + 3, ignore_eos=True)
-                eng.step()  # admission + prefill of all b prompts
-                eng.step()  # warm-up decode
-                times = [timed_step(eng) for _ in range(steps)]
-                # at timed step i (1-based) each sequence attends over c + 1 + i tokens
-                decode.append((b, c + 1 + (steps + 1) / 2, float(np.median([m for m, _ in times]))))
+                times = timed_decode([c] * b)
+                decode.append((b, c + mid, float(np.median([m for m, _ in times]))))
                 overhead.append((b, float(np.median([o for _, o in times]))))
+        for b in (b for b in batches if b >= 4 and len(contexts) > 1):
+            long, short = [contexts[-1]] * (b // 2), [contexts[0]] * (b - b // 2)
+            ends = [c + 1 + steps + 1 for c in long + short]  # the last timed step's
+            if len(ragged_groups(ends, max(ends))) != 2:
+                continue  # too few rows or too little spread for the engine to split
+            times = timed_decode(long + short)
+            split.append((b, float(np.mean(long + short)) + mid, float(np.median([m for m, _ in times]))))
         for p in prompts:
             n = -(-p // (max_model_len - 1))  # prompts of equal length, each leaving room for its token
             eng = engine(n)
@@ -176,9 +192,12 @@ def profile_engine(model: Any = None, *, batches: Sequence[int] = (1, 2, 4, 8, 1
                 times.append(timed_step(eng))  # admit, prefill, emit the only token, finish
             prefill.append((n * (p // n), float(np.median([m for m, _ in times[1:]]))))
             overhead.append((n, float(np.median([o for _, o in times[1:]]))))
-    profile = StepProfile.from_points(decode, prefill, max_model_len,
-                                      source=f"labkit engine alone on {platform.node() or 'this machine'}, "
-                                             f"{used} torch thread(s)")
+    source = f"labkit engine alone on {platform.node() or 'this machine'}, {used} torch thread(s)"
+    profile = StepProfile.from_points(decode, prefill, max_model_len, source=source)
+    if split:  # the two-group batches over the one-group grid at the tokens they read
+        extra = [t - profile.decode_at(b, c) for b, c, t in split]
+        profile = StepProfile.from_points(decode, prefill, max_model_len, source=source,
+                                          group_s=max(float(np.median(extra)), 0.0))
     return profile, overhead
 
 

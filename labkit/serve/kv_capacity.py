@@ -150,7 +150,7 @@ def ragged_decode(model: Transformer, contexts: Sequence[int], block_size: int =
                     times.append(time.perf_counter() - t0)
                 per_round[ragged].append(float(np.median(times[1:])))
     ends = [c + 1 for c in contexts]
-    groups = len(paged.ragged_groups(ends, max(ends), paged.SPLIT_SHARE, paged.SPLIT_MIN_TOKENS))
+    groups = len(paged.ragged_groups(ends, max(ends)))
     return {"ragged_s": float(np.median(per_round[True])), "padded_s": float(np.median(per_round[False])),
             "groups": groups}
 

@@ -16,42 +16,18 @@ tokens are scattered over the pools. Token position p of row b lives in block
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Sequence
 
 import torch
 
+from labkit import ragged as _ragged
 from labkit.model.config import ModelConfig
 from labkit.model.kv_quant import check_kv_dtype, dequantize_kv, quantize_kv
+from labkit.ragged import ragged_groups  # noqa: F401  (re-exported: the paged batch's grouping)
 
 Write = Callable[[int, torch.Tensor, torch.Tensor],
                  tuple[torch.Tensor, torch.Tensor] | list[tuple[torch.Tensor, torch.Tensor]]]
-
-# A group of rows reads to its longest row's end. A row whose own end is at most this share of
-# the group's length starts a group of its own, unless the tokens it would save are fewer than
-# SPLIT_MIN_TOKENS: another gather + attention call costs more than reading that much padding.
-SPLIT_SHARE = 0.5
-SPLIT_MIN_TOKENS = 64
-
-
-def ragged_groups(ends: Sequence[int], kv_len: int, share: float = SPLIT_SHARE,
-                  min_tokens: int = SPLIT_MIN_TOKENS) -> list[tuple[list[int], int]]:
-    """Rows grouped for ragged attention: `ends[b]` is how many KV tokens row b reads (its
-    length after this pass). Returns [(row indices, tokens the group reads)], longest first;
-    every row is in exactly one group and reads at least its own end. One group (every row to
-    `kv_len`) when nothing is worth splitting."""
-    if not ends or max(ends) > kv_len:
-        raise ValueError(f"row ends {list(ends)!r} must be non-empty and <= kv_len={kv_len}")
-    order = sorted(range(len(ends)), key=lambda b: -ends[b])
-    groups: list[tuple[list[int], int]] = []
-    for b in order:
-        if groups and not (ends[b] <= share * groups[-1][1] and groups[-1][1] - ends[b] >= min_tokens):
-            groups[-1][0].append(b)
-        else:
-            groups.append(([b], ends[b]))
-    if len(groups) == 1:
-        return [(list(range(len(ends))), kv_len)]
-    return [(sorted(rows), n) for rows, n in groups]
-
 
 class PagedKVCache:
     """Pools of `n_blocks` KV blocks of `block_size` tokens for every layer of `cfg`'s model."""
@@ -142,8 +118,8 @@ class PagedBatch:
         w_rows = self._rows(torch.where(valid, blk, pool.sink), off)
         ends = (torch.where(valid, positions, -1).amax(1) + 1).tolist()  # tokens each row reads
         groups, reads = [], []
-        split = SPLIT_MIN_TOKENS if pool.ragged else kv_len + 1  # a split saving more than kv_len: never
-        for rows, length in ragged_groups(ends, kv_len, SPLIT_SHARE, split):
+        split = _ragged.SPLIT_COST_TOKENS if pool.ragged else math.inf  # read at call time: tests move it
+        for rows, length in ragged_groups(ends, kv_len, split):
             idx = torch.tensor(rows, dtype=torch.long, device=positions.device)
             r_blk, r_off = self._slots(torch.arange(length, device=positions.device).expand(len(rows), length),
                                        self.table[idx])

@@ -5,8 +5,10 @@ prompt chunks (tokens each) instead of their sum, for steps that carry prompt to
 prompts are laid out (padded to the longest, one pass or two) changes what the step costs
 (`labkit.sim.stepcost.StepCost`). A cost model with `padded_attention = True` is passed, as
 context_tokens, the decoders' count x the longest one's context (+ the prompt tokens): the KV
-an engine reads when it pads every row to the longest (labkit's paged batch did, before it
-grouped rows by length: `labkit.serve.paged.ragged_groups`).
+an engine reads when it pads every row to the longest. A cost model with a
+`decode_read(contexts)` method (and no padding) is given every decoder's context and returns
+the KV its engine reads in groups by length and the time the extra groups add
+(labkit's paged batch: `labkit.ragged`); that costs O(distinct contexts) per step.
 
 Time only moves when a step runs (by its cost) or when the server idles to the next
 arrival or timer. Each step: every running sequence past its prompt decodes one token,
@@ -72,9 +74,13 @@ class Simulator:
         self.phase = [0] * bs  # decoding sequences by (ctx0 - s0) mod block size
         self.heap: list[tuple[int, int, int, Seq]] = []  # (finish step, id, epoch, seq)
         # A cost model whose engine pads every row's KV read to the longest (`padded_attention`)
-        # is passed batch x the longest decoder's context: the decoders' (ctx0 - s0) kept in a
-        # lazy max-heap with a count per key (a decoder's context now = its key + step_no).
+        # is passed batch x the longest decoder's context; one that reads in groups
+        # (`decode_read`) is given every decoder's context. Both need the decoders' (ctx0 - s0),
+        # kept with a count per key (a decoder's context now = its key + step_no) and, for the
+        # longest, in a lazy max-heap.
         self.padded = bool(getattr(cost, "padded_attention", False))
+        self.grouped = not self.padded and callable(getattr(cost, "decode_read", None))
+        self.keyed = self.padded or self.grouped
         self._key_heap: list[int] = []
         self._key_count: dict[int, int] = {}
         n = len(workload)
@@ -130,7 +136,7 @@ class Simulator:
         seq.decoding = True
         seq.ctx0, seq.s0 = seq.target, self.step_no
         self.phase[(seq.ctx0 - seq.s0) % len(self.phase)] += 1
-        if self.padded:
+        if self.keyed:
             key = seq.ctx0 - seq.s0
             n = self._key_count.get(key, 0)
             self._key_count[key] = n + 1
@@ -144,8 +150,12 @@ class Simulator:
         seq.decoding = False
         seq.epoch += 1
         self.phase[(seq.ctx0 - seq.s0) % len(self.phase)] -= 1
-        if self.padded:
-            self._key_count[seq.ctx0 - seq.s0] -= 1  # its heap entry goes when it reaches the top
+        if self.keyed:  # its heap entry goes when it reaches the top
+            key = seq.ctx0 - seq.s0
+            if self._key_count[key] == 1:
+                del self._key_count[key]  # so `_contexts` walks only the decoders there are
+            else:
+                self._key_count[key] -= 1
         self.n_decode -= 1
         done = self.step_no - seq.s0
         seq.generated += done
@@ -183,7 +193,7 @@ class Simulator:
         bound to locals once per run, and everything that happens only when something
         changes (arrivals, idling, preemption, prompt completion, finishing) is a method."""
         kv, phase, heap, step_time, policy = self.kv, self.phase, self.heap, self.cost.step_time, self.policy
-        plan_time, padded = getattr(self.cost, "plan_time", None), self.padded
+        plan_time, padded, grouped = getattr(self.cost, "plan_time", None), self.padded, self.grouped
         paged, n_phases, max_steps = kv.paged, len(self.phase), self.max_steps
         t_app, dt_app, dec_app, pre_app, bat_app, kvb_app, kvt_app = self._record
         heappop, inf = heapq.heappop, math.inf
@@ -209,12 +219,18 @@ class Simulator:
                     kv.free -= grow
                 prompt_tokens = sum(k for _, k in plan) if plan else 0
                 decoding = self.n_decode
-                read = self.ctx + prompt_tokens if not (padded and decoding) else \
-                    decoding * self._longest_context() + prompt_tokens
-                if plan and plan_time is not None:  # the cost model wants the step's prompt chunks
-                    dt = plan_time(decoding, [k for _, k in plan], read)
+                extra = 0.0
+                if padded and decoding:
+                    read = decoding * self._longest_context() + prompt_tokens
+                elif grouped and decoding:
+                    read, extra = self.cost.decode_read(self._contexts())
+                    read += prompt_tokens
                 else:
-                    dt = step_time(decoding, prompt_tokens, read)
+                    read = self.ctx + prompt_tokens
+                if plan and plan_time is not None:  # the cost model wants the step's prompt chunks
+                    dt = plan_time(decoding, [k for _, k in plan], read) + extra
+                else:
+                    dt = step_time(decoding, prompt_tokens, read) + extra
                 self.now += dt
                 self.step_no += 1
                 self.ctx += decoding + prompt_tokens
@@ -234,6 +250,11 @@ class Simulator:
                     break
             if self.step_no >= max_steps:
                 raise RuntimeError(f"stopped after max_steps={max_steps} steps")
+
+    def _contexts(self) -> list[int]:
+        """KV tokens held by each decoding sequence now (needs `keyed`)."""
+        now = self.step_no
+        return [key + now for key, n in self._key_count.items() for _ in range(n)]
 
     def _longest_context(self) -> int:
         """KV tokens held by the longest decoding sequence now (needs `padded`)."""

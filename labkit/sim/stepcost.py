@@ -32,6 +32,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from labkit.ragged import ragged_groups, tokens_read
+
 
 def interp(xs: Sequence[float], ys: Sequence[float], x: float, *, extrapolate: bool = False,
            what: str = "x") -> float:
@@ -72,7 +74,8 @@ class StepProfile:
     decoding sequence, ascending; decode_s[i][j]: decode pass time at batches[i], contexts[j].
     prompts: prompt tokens of a prefill pass, ascending, >= 1; prefill_s[k]: its time.
     max_context: the longest context per sequence (tokens) the profile answers for (the
-    server's max_model_len)."""
+    server's max_model_len). group_s: what one more read group adds to a decode pass (s), for
+    an engine that reads rows in groups by length (`labkit.ragged`); 0 if not measured."""
 
     batches: tuple[int, ...]
     contexts: tuple[float, ...]
@@ -81,6 +84,7 @@ class StepProfile:
     prefill_s: tuple[float, ...]
     max_context: int
     source: str = ""
+    group_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("batches", "contexts", "prompts"):
@@ -95,18 +99,20 @@ class StepProfile:
             raise ValueError(f"prefill_s needs one time per prompt point ({len(self.prompts)}), got {len(self.prefill_s)}")
         if not (np.all(d > 0) and np.all(np.asarray(self.prefill_s, float) > 0) and np.all(np.isfinite(d))):
             raise ValueError("every profiled time must be a finite number of seconds > 0")
+        if not (self.group_s >= 0 and np.isfinite(self.group_s)):
+            raise ValueError(f"StepProfile.group_s must be a finite number of seconds >= 0, got {self.group_s!r}")
         if self.max_context < self.contexts[-1]:
             raise ValueError(f"max_context={self.max_context} is below the last profiled context {self.contexts[-1]}")
 
     @classmethod
     def from_points(cls, decode: Sequence[tuple[int, float, float]], prefill: Sequence[tuple[int, float]],
-                    max_context: int, source: str = "") -> "StepProfile":
+                    max_context: int, source: str = "", group_s: float = 0.0) -> "StepProfile":
         """A profile from measured points: `decode` rows (batch, mean context per sequence, s) on a
         full batch x context grid (rows of one batch share its context values up to rounding:
         each context column is the mean of its row values), `prefill` rows (prompt tokens, s).
         Measurement noise that makes more work cheaper is removed (a running maximum along
         each axis), so the model never predicts a faster step for a bigger batch, a longer
-        context or a longer prompt."""
+        context or a longer prompt. `group_s` (s, >= 0): see the class."""
         batches = sorted({int(b) for b, _, _ in decode})
         by_batch = {b: sorted((c, t) for bb, c, t in decode if bb == b) for b in batches}
         n_ctx = {len(v) for v in by_batch.values()}
@@ -118,7 +124,7 @@ class StepProfile:
         pre = sorted((int(p), float(t)) for p, t in prefill)
         pre_s = np.maximum.accumulate([t for _, t in pre])
         return cls(tuple(batches), tuple(float(c) for c in contexts), tuple(tuple(map(float, r)) for r in grid),
-                   tuple(p for p, _ in pre), tuple(map(float, pre_s)), int(max_context), source)
+                   tuple(p for p, _ in pre), tuple(map(float, pre_s)), int(max_context), source, float(group_s))
 
     @classmethod
     def merge(cls, profiles: Sequence["StepProfile"], source: str = "") -> "StepProfile":
@@ -133,7 +139,8 @@ class StepProfile:
         pre = np.median([p.prefill_s for p in profiles], axis=0)
         return cls.from_points([(b, c, float(dec[i, j])) for i, b in enumerate(first.batches)
                                 for j, c in enumerate(first.contexts)],
-                               list(zip(first.prompts, map(float, pre))), first.max_context, source or first.source)
+                               list(zip(first.prompts, map(float, pre))), first.max_context, source or first.source,
+                               float(np.median([p.group_s for p in profiles])))
 
     def decode_at(self, batch: float, context: float) -> float:
         """Decode pass time (s) of `batch` sequences holding `context` KV tokens each (mean)."""
@@ -158,7 +165,8 @@ class StepProfile:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "StepProfile":
         return cls(tuple(d["batches"]), tuple(d["contexts"]), tuple(tuple(r) for r in d["decode_s"]),
-                   tuple(d["prompts"]), tuple(d["prefill_s"]), int(d["max_context"]), d.get("source", ""))
+                   tuple(d["prompts"]), tuple(d["prefill_s"]), int(d["max_context"]), d.get("source", ""),
+                   float(d.get("group_s", 0.0)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,9 +176,11 @@ class StepCost:
     step_time(B, P, C) = serving_factor x (prefill_at(P) [if P] + decode_at(B, (C - P) / B) [if B])
     + overhead_s + overhead_per_row_s x (B + [P > 0]); C counts every KV token the step's
     attention reads, prompt tokens included, so (C - P) / B is the context each decoder's row
-    is read to: the longest decoder's when `padded_attention` (an engine that pads every row to
-    the longest; the simulator passes B x the longest context + P), else their mean (labkit's
-    paged batch, which groups rows by length and reads each group to its own longest). `request_s` (s) is added to every request's TTFT and E2E by the
+    is read to. What the simulator passes as C depends on how the engine reads its rows:
+    `padded_attention` (an engine that pads every row to the longest): B x the longest context
+    + P; else the tokens `decode_read` says the engine's read groups take (labkit's paged batch
+    groups rows by length, `labkit.ragged`), and the simulator adds its extra time per group.
+    `request_s` (s) is added to every request's TTFT and E2E by the
     twin's replay (`labkit.loadgen.fidelity.replay`), as `ServedCost`'s; `first_token_s` (s), where
     given, is the part of it before the first token (added to TTFT instead). `serving_factor`: how
     much slower the engine's model passes run inside the server than alone (other processes
@@ -184,8 +194,8 @@ class StepCost:
     serving_factor: float = 1.0
     name: str = "per-step"
     # True for an engine whose batch reads every row's KV up to the longest row's length: the
-    # simulator then passes decoders x the longest context (see `labkit.sim.engine`). labkit's
-    # paged batch reads ragged (`labkit.serve.paged.ragged_groups`): each row about its own length
+    # simulator then passes decoders x the longest context (see `labkit.sim.engine`). False:
+    # labkit's paged batch, which reads in groups by length (`decode_read`)
     padded_attention: bool = False
     first_token_s: float | None = None
 
@@ -212,6 +222,15 @@ class StepCost:
             model += self.profile.decode_at(decode_batch, max(context_tokens - prefill_tokens, 0) / decode_batch)
         return (self.overhead_s + self.overhead_per_row_s * (decode_batch + (1 if prefill_tokens else 0))
                 + self.serving_factor * model)
+
+    def decode_read(self, contexts: Sequence[int]) -> tuple[int, float]:
+        """How the engine reads decoders holding `contexts` KV tokens each (before this step's
+        token): grouped by length as labkit's paged batch groups them (`labkit.ragged`, each
+        row's end is its context + 1). Returns (KV tokens the groups read, counted like
+        `contexts` (one fewer per row than the ends), model time the extra groups add (s))."""
+        ends = [c + 1 for c in contexts]
+        groups = ragged_groups(ends, max(ends))
+        return tokens_read(groups) - len(ends), self.serving_factor * self.profile.group_s * (len(groups) - 1)
 
     def plan_time(self, decode_batch: int, chunks: Sequence[int], context_tokens: int) -> float:
         """Step time (s) of `decode_batch` decoders plus prompt chunks `chunks` (tokens each), laid
