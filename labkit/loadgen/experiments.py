@@ -98,17 +98,17 @@ def calibrate_per_step(url: str, cfg: Any, profile: Any = None,
     """The per-step twin's cost model for the server at `url` (config `cfg`): the engine alone
     profiled here (`fidelity.profile_engine`, unless `profile` is given; run it while the server
     is idle) plus the server's engine overhead per step and per-request latency measured from its
-    own timers and spans (`fidelity.measure_overhead`). Saved to `path` (JSON) if given.
+    own timers and spans (`fidelity.measure_overhead`), with the model passes scaled by the
+    serving factor: the engine's model time per step inside the server over the profile's for the
+    same calibration runs (`fidelity.serving_factor`). Saved to `path` (JSON) if given.
     Returns (StepCost, {"profile_overhead": engine-alone overhead rows, "server": measure_overhead's
-    figures, "serving_factor", "serving_ratios": the engine's model time per step inside the
-    server over the profile's for the same calibration runs (`fidelity.serving_factor`; reported,
-    not applied)})."""
+    figures, "serving_factor", "serving_ratios": the factor per calibration run})."""
     alone = None
     if profile is None:
         profile, alone = fidelity.profile_engine(**profile_grid(cfg))
     ov = fidelity.measure_overhead(url)
-    cost = fidelity.per_step_twin(profile, ov)
     factor, ratios = fidelity.serving_factor(profile, ov["runs"], twin(cfg))
+    cost = dataclasses.replace(fidelity.per_step_twin(profile, ov), serving_factor=factor, name="per-step, served")
     info = {"profile_overhead": alone, "server": {k: v for k, v in ov.items() if k != "runs"},
             "serving_factor": factor, "serving_ratios": ratios}
     if path is not None:
