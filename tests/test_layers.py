@@ -22,7 +22,7 @@ ROOT = Path(labkit.__file__).parent
 # Bottom up. A unit imports only units of lower layers.
 LAYERS: list[tuple[str, ...]] = [
     ("__init__", "paths", "presets", "plots", "report", "book", "stats", "knee", "dtypes",
-     "scheduling"),                          # no labkit imports
+     "scheduling", "ragged"),                # no labkit imports
     ("device", "tokenizer", "roofline", "exercise", "notebooks"),
     ("timing", "session", "data", "passages", "doctor"),
     ("bench", "model"),                      # microbenchmarks; the decoder
