@@ -17,6 +17,7 @@ between the two is what serving over HTTP adds.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import platform
 import time
@@ -26,7 +27,6 @@ from typing import Any, Sequence
 import numpy as np
 
 from labkit.loadgen.records import RequestRecord
-from labkit.ragged import ragged_groups
 from labkit.scheduling import make
 from labkit.sim import cost as _cost
 from labkit.sim import metrics
@@ -136,10 +136,12 @@ def profile_engine(model: Any = None, *, batches: Sequence[int] = (1, 2, 4, 8, 1
     mean over the timed steps). Prefill points: `p` prompt tokens in one step (one prompt, or
     several of equal length past `max_model_len`), 1 output token, median of `repeat`.
     `threads`: torch intra-op threads while timing (the server runs with 1); restored afterwards.
-    The profile's `group_s`, what one more read group adds to a decode pass: batches of >= 4
-    rows, half at the longest context point and half at the shortest (the paged batch reads
-    them as two groups), timed like the decode points; the median over those batches of their
-    time minus the grid's one-group pass at the same tokens read (>= 0).
+    The profile's `group_s`, what one more read group adds to a decode pass, side by side on
+    the same batch: `b` >= 4 rows, half one token longer than the other half, decoded with the
+    paged batch reading them as one group and as two on alternate steps (the tokens read differ
+    by b / 2, nothing else does); the median over (b, c) points of the median two-group step
+    minus the median one-group step (>= 0). Not from the grid: a difference of grid points
+    carries the grid's noise and its interpolation error, which are larger than a group.
 
     Returns (profile, overhead rows (rows in the step, engine overhead s per step))."""
     import torch
@@ -175,13 +177,18 @@ def profile_engine(model: Any = None, *, batches: Sequence[int] = (1, 2, 4, 8, 1
                 times = timed_decode([c] * b)
                 decode.append((b, c + mid, float(np.median([m for m, _ in times]))))
                 overhead.append((b, float(np.median([o for _, o in times]))))
-        for b in (b for b in batches if b >= 4 and len(contexts) > 1):
-            long, short = [contexts[-1]] * (b // 2), [contexts[0]] * (b - b // 2)
-            ends = [c + 1 + steps + 1 for c in long + short]  # the last timed step's
-            if len(ragged_groups(ends, max(ends))) != 2:
-                continue  # too few rows or too little spread for the engine to split
-            times = timed_decode(long + short)
-            split.append((b, float(np.mean(long + short)) + mid, float(np.median([m for m, _ in times]))))
+        for b in (b for b in batches if b >= 4):
+            for c in [c for c in contexts[1:-1] or contexts if c + 2 * steps + 4 <= max_model_len]:
+                eng = engine(b)
+                for i in range(b):
+                    eng.submit(ids(c + i % 2), 2 * steps + 3, ignore_eos=True)
+                eng.step()  # admission + prefill
+                eng.step()  # warm-up decode
+                one, two = [], []
+                for i in range(2 * steps):  # alternate, so the machine's drift hits both alike
+                    eng.pool.split_cost = math.inf if i % 2 else 0.0
+                    (one if i % 2 else two).append(timed_step(eng)[0])
+                split.append(float(np.median(two) - np.median(one)))
         for p in prompts:
             n = -(-p // (max_model_len - 1))  # prompts of equal length, each leaving room for its token
             eng = engine(n)
@@ -194,10 +201,8 @@ def profile_engine(model: Any = None, *, batches: Sequence[int] = (1, 2, 4, 8, 1
             overhead.append((n, float(np.median([o for _, o in times[1:]]))))
     source = f"labkit engine alone on {platform.node() or 'this machine'}, {used} torch thread(s)"
     profile = StepProfile.from_points(decode, prefill, max_model_len, source=source)
-    if split:  # the two-group batches over the one-group grid at the tokens they read
-        extra = [t - profile.decode_at(b, c) for b, c, t in split]
-        profile = StepProfile.from_points(decode, prefill, max_model_len, source=source,
-                                          group_s=max(float(np.median(extra)), 0.0))
+    if split:
+        profile = dataclasses.replace(profile, group_s=max(float(np.median(split)), 0.0))
     return profile, overhead
 
 

@@ -40,6 +40,9 @@ class PagedKVCache:
         self.kv_dtype = check_kv_dtype(kv_dtype)
         self.n_blocks, self.block_size, self.dtype = n_blocks, block_size, dtype
         self.ragged = ragged  # False: every row of a pass reads to the longest (one group), for comparison
+        # token-rows one more read group is worth (`labkit.ragged`); None: the module's default,
+        # read at each pass. The engine's profile sets it to time one group against two.
+        self.split_cost: float | None = None
         self.sink = n_blocks
         shape = (cfg.n_layers, n_blocks + 1, cfg.n_kv_heads, block_size, cfg.head_dim)
         store = torch.int8 if kv_dtype == "int8" else dtype
@@ -118,7 +121,8 @@ class PagedBatch:
         w_rows = self._rows(torch.where(valid, blk, pool.sink), off)
         ends = (torch.where(valid, positions, -1).amax(1) + 1).tolist()  # tokens each row reads
         groups, reads = [], []
-        split = _ragged.SPLIT_COST_TOKENS if pool.ragged else math.inf  # read at call time: tests move it
+        split = math.inf if not pool.ragged else \
+            _ragged.SPLIT_COST_TOKENS if pool.split_cost is None else pool.split_cost  # read at call time: tests move it
         for rows, length in ragged_groups(ends, kv_len, split):
             idx = torch.tensor(rows, dtype=torch.long, device=positions.device)
             r_blk, r_off = self._slots(torch.arange(length, device=positions.device).expand(len(rows), length),
