@@ -17,10 +17,10 @@ import math
 from typing import Sequence
 
 # What one more group costs, in token-rows read (one row reading one more KV token). Measured
-# on the tiny preset, 1 CPU thread (AMD EPYC VM): an extra group adds 0.13-0.6 ms to a decode
-# step (gather, mask and attention call in each layer; `StepProfile.group_s`), a token-row
-# ~0.9 us (the profile grid's slope over context), so a split pays past ~150-650 token-rows
-# saved. `python -m labkit.benches.kv` shows ragged vs padded reads side by side; a GPU's
+# on the tiny preset, 1 CPU thread (2-core VM): an extra group adds 0.2-0.36 ms to a decode
+# step (gather, mask and attention call in each layer; `StepProfile.group_s`, timed one group
+# against two on the same batch), a token-row ~0.9 us (the profile grid's slope over context),
+# so a split pays past ~250-400 token-rows saved. `python -m labkit.benches.kv` shows ragged vs padded reads side by side; a GPU's
 # break-even is larger (kernel launches cost more than reads there).
 SPLIT_COST_TOKENS = 512
 

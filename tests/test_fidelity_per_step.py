@@ -192,6 +192,15 @@ def test_measure_overhead_reads_the_engines_timers_and_spans(tiny_server):
     assert fidelity.per_step_twin(prof, ov).serving_factor == 1.0
 
 
+def test_the_serving_factor_is_applied_only_when_every_run_points_the_same_way():
+    assert fidelity.factor_from_ratios([1.3, 1.1, 1.2, 1.4]) == pytest.approx(1.25)  # slower in every run
+    assert fidelity.factor_from_ratios([0.9, 0.8, 0.85]) == pytest.approx(0.85)  # faster in every run
+    assert fidelity.factor_from_ratios([1.01, 1.08, 1.10, 0.90]) == 1.0  # both ways: noise
+    assert fidelity.factor_from_ratios([1.0, 1.2]) == 1.0  # a run at the profile's speed
+    with pytest.raises(ValueError, match="no calibration run"):
+        fidelity.factor_from_ratios([])
+
+
 def test_replay_adds_the_latency_before_the_first_token_to_ttft_only():
     prof = StepProfile((1, 8), (4.0, 256.0), ((1e-3, 2e-3), (3e-3, 5e-3)), (1, 256), (1e-3, 9e-3), 512)
     server = fidelity.SimServer("continuous", max_batch=8, max_queue=40, kv_tokens=8 * 512, max_len=512)

@@ -81,7 +81,8 @@ def body(quick: bool, seed: int) -> dict:
         say(f"labkit serve at {srv.url} (continuous, max batch {cfg.max_batch}, 1 torch thread)")
         step_cost, step_info = ex.calibrate_per_step(srv.url, cfg, profile)
         say(f"per-step twin: {step_cost}; the engine's model time inside the server / the profile's over the "
-            f"calibration runs: {', '.join(f'{r:.2f}' for r in step_info['serving_ratios'])} (the median applied); "
+            f"calibration runs: {', '.join(f'{r:.2f}' for r in step_info['serving_ratios'])} (applied: "
+            f"x {step_info['serving_factor']:.2f}, their median when every run points the same way, else 1); "
             f"one more read group: {1e3 * profile.group_s:.2f} ms")
         cost, rows = ex.calibrate_served(srv.url)
         load_cal = psutil.getloadavg()[0]

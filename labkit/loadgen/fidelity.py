@@ -317,15 +317,25 @@ def serving_factor(profile: StepProfile, runs: Sequence[tuple[Sequence[RequestRe
     """How much slower the engine's model passes run inside the server than `profile` says:
     per calibration run (records, `step_figures` of the engine's timers over it), the engine's
     mean model time per step over the profile's mean model time per step when the twin replays
-    the same trace (no overhead). Returns (the median ratio, the ratio per run)."""
+    the same trace (no overhead). Returns (`factor_from_ratios` of them, the ratio per run)."""
     ratios = []
     for records, real in runs:
         twin = sim_step_figures(records, server, StepCost(profile))
         if real["steps"] and twin["steps"]:
             ratios.append(real["model_s"] / twin["step_s"])
+    return factor_from_ratios(ratios), ratios
+
+
+def factor_from_ratios(ratios: Sequence[float]) -> float:
+    """The serving factor from its per-run ratios: their median when every run points the same
+    way (all slower than the profile, or all faster), else 1. Ratios on both sides of 1 say the
+    difference is within the machine's run-to-run noise (on a shared VM the same steps vary by
+    10 % between minutes), and scaling every step by noise adds error instead of removing it."""
     if not ratios:
         raise ValueError("no calibration run with steps on both sides to compare")
-    return float(np.median(ratios)), ratios
+    if all(r > 1 for r in ratios) or all(r < 1 for r in ratios):
+        return float(np.median(ratios))
+    return 1.0
 
 
 def per_step_twin(profile: StepProfile, overhead: dict[str, Any], server: SimServer | None = None) -> StepCost:
