@@ -62,8 +62,27 @@ def _ascending(name: str, xs: Sequence[float]) -> None:
         raise ValueError(f"StepProfile.{name} must be strictly ascending and non-empty, got {list(xs)!r}")
 
 
-def _running_max(a: np.ndarray, axis: int) -> np.ndarray:
-    return np.maximum.accumulate(a, axis=axis)
+def isotonic(y: Sequence[float]) -> np.ndarray:
+    """The non-decreasing sequence closest to `y` in least squares (pool adjacent violators):
+    a run that falls is replaced by its mean. Unlike a running maximum, which lifts every point
+    after a high one, it pulls a noisy high point down as much as it lifts the points after it,
+    so measurement noise biases it neither way on average."""
+    means: list[float] = []
+    sizes: list[int] = []
+    for v in map(float, y):
+        means.append(v)
+        sizes.append(1)
+        while len(means) > 1 and means[-2] > means[-1]:  # pool the last two blocks
+            n = sizes[-2] + sizes[-1]
+            means[-2:] = [(means[-2] * sizes[-2] + means[-1] * sizes[-1]) / n]
+            sizes[-2:] = [n]
+    return np.repeat(means, sizes)
+
+
+def _isotonic(a: np.ndarray, axis: int) -> np.ndarray:
+    """`isotonic` along `axis` of a 2-D grid. It preserves order (a pointwise larger input gives a
+    pointwise larger output), so a grid already non-decreasing along the other axis stays so."""
+    return np.apply_along_axis(isotonic, axis, a)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,9 +129,9 @@ class StepProfile:
         """A profile from measured points: `decode` rows (batch, mean context per sequence, s) on a
         full batch x context grid (rows of one batch share its context values up to rounding:
         each context column is the mean of its row values), `prefill` rows (prompt tokens, s).
-        Measurement noise that makes more work cheaper is removed (a running maximum along
-        each axis), so the model never predicts a faster step for a bigger batch, a longer
-        context or a longer prompt. `group_s` (s, >= 0): see the class."""
+        Measurement noise that makes more work cheaper is removed (the least-squares
+        non-decreasing fit along each axis, `isotonic`), so the model never predicts a faster
+        step for a bigger batch, a longer context or a longer prompt. `group_s` (s, >= 0): see the class."""
         batches = sorted({int(b) for b, _, _ in decode})
         by_batch = {b: sorted((c, t) for bb, c, t in decode if bb == b) for b in batches}
         n_ctx = {len(v) for v in by_batch.values()}
@@ -120,9 +139,9 @@ class StepProfile:
             raise ValueError(f"decode points must form a full grid: contexts per batch {sorted(n_ctx)}")
         contexts = np.mean([[c for c, _ in by_batch[b]] for b in batches], axis=0)
         grid = np.array([[t for _, t in by_batch[b]] for b in batches], float)
-        grid = _running_max(_running_max(grid, 0), 1)
+        grid = _isotonic(_isotonic(grid, 0), 1)
         pre = sorted((int(p), float(t)) for p, t in prefill)
-        pre_s = np.maximum.accumulate([t for _, t in pre])
+        pre_s = isotonic([t for _, t in pre])
         return cls(tuple(batches), tuple(float(c) for c in contexts), tuple(tuple(map(float, r)) for r in grid),
                    tuple(p for p, _ in pre), tuple(map(float, pre_s)), int(max_context), source, float(group_s))
 
