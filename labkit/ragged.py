@@ -20,8 +20,8 @@ from typing import Sequence
 # on the tiny preset, 1 CPU thread (2-core VM): an extra group adds 0.2-0.36 ms to a decode
 # step (gather, mask and attention call in each layer; `StepProfile.group_s`, timed one group
 # against two on the same batch), a token-row ~0.9 us (the profile grid's slope over context),
-# so a split pays past ~250-400 token-rows saved. `python -m labkit.benches.kv` shows ragged vs padded reads side by side; a GPU's
-# break-even is larger (kernel launches cost more than reads there).
+# so a split pays past ~250-400 token-rows saved. `python -m labkit.benches.kv` shows ragged
+# vs padded reads side by side; a GPU's break-even is larger (kernel launches cost more there).
 SPLIT_COST_TOKENS = 512
 
 

@@ -158,14 +158,20 @@ def profile_engine(model: Any = None, *, batches: Sequence[int] = (1, 2, 4, 8, 1
             raise RuntimeError("the engine had nothing to run while being profiled")
         return c["engine_model_seconds"] - m0, (c["engine_step_seconds"] - s0) - (c["engine_model_seconds"] - m0)
 
-    def timed_decode(prompts: Sequence[int]) -> list[tuple[float, float]]:
-        """`steps` timed decode steps of one batch of sequences with `prompts`-token prompts."""
+    def timed_decode(prompts: Sequence[int], n: int = steps,
+                     split_costs: Sequence[float | None] = (None,)) -> list[tuple[float, float]]:
+        """`n` timed decode steps of one batch of sequences with `prompts`-token prompts; step i
+        reads with the paged pool's `split_cost` = split_costs[i % len(split_costs)]."""
         eng = engine(len(prompts))
         for c in prompts:
-            eng.submit(ids(c), steps + 3, ignore_eos=True)
+            eng.submit(ids(c), n + 3, ignore_eos=True)
         eng.step()  # admission + prefill of all prompts
         eng.step()  # warm-up decode
-        return [timed_step(eng) for _ in range(steps)]
+        out = []
+        for i in range(n):
+            eng.pool.split_cost = split_costs[i % len(split_costs)]
+            out.append(timed_step(eng))
+        return out
 
     mid = 1 + (steps + 1) / 2  # at timed step i (1-based) a sequence attends over its prompt + 1 + i tokens
     decode, prefill, overhead, split = [], [], [], []
@@ -179,16 +185,9 @@ def profile_engine(model: Any = None, *, batches: Sequence[int] = (1, 2, 4, 8, 1
                 overhead.append((b, float(np.median([o for _, o in times]))))
         for b in (b for b in batches if b >= 4):
             for c in [c for c in contexts[1:-1] or contexts if c + 2 * steps + 4 <= max_model_len]:
-                eng = engine(b)
-                for i in range(b):
-                    eng.submit(ids(c + i % 2), 2 * steps + 3, ignore_eos=True)
-                eng.step()  # admission + prefill
-                eng.step()  # warm-up decode
-                one, two = [], []
-                for i in range(2 * steps):  # alternate, so the machine's drift hits both alike
-                    eng.pool.split_cost = math.inf if i % 2 else 0.0
-                    (one if i % 2 else two).append(timed_step(eng)[0])
-                split.append(float(np.median(two) - np.median(one)))
+                # two groups, then one, alternately: the machine's drift hits both alike
+                times = [m for m, _ in timed_decode([c + i % 2 for i in range(b)], 2 * steps, (0.0, math.inf))]
+                split.append(float(np.median(times[0::2]) - np.median(times[1::2])))
         for p in prompts:
             n = -(-p // (max_model_len - 1))  # prompts of equal length, each leaving room for its token
             eng = engine(n)

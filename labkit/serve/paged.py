@@ -121,8 +121,11 @@ class PagedBatch:
         w_rows = self._rows(torch.where(valid, blk, pool.sink), off)
         ends = (torch.where(valid, positions, -1).amax(1) + 1).tolist()  # tokens each row reads
         groups, reads = [], []
-        split = math.inf if not pool.ragged else \
-            _ragged.SPLIT_COST_TOKENS if pool.split_cost is None else pool.split_cost  # read at call time: tests move it
+        split = pool.split_cost
+        if split is None:  # the module's default, read at call time: tests move it
+            split = _ragged.SPLIT_COST_TOKENS
+        if not pool.ragged:
+            split = math.inf
         for rows, length in ragged_groups(ends, kv_len, split):
             idx = torch.tensor(rows, dtype=torch.long, device=positions.device)
             r_blk, r_off = self._slots(torch.arange(length, device=positions.device).expand(len(rows), length),
