@@ -215,3 +215,19 @@ def test_replay_adds_the_latency_before_the_first_token_to_ttft_only():
     assert both["ttft"]["p50"] == pytest.approx(plain["ttft"]["p50"] + 0.01)
     with pytest.raises(ValueError, match="first_token_s"):
         StepCost(prof, first_token_s=-1.0)
+
+
+def test_sim_step_figures_count_the_prompts_each_prompt_step_ran():
+    """Three requests arriving together prefill in one step and a fourth alone later: 2 prompt
+    steps, 2 prompts each on average; the prompt and decode-only steps' times add up to the whole."""
+    from labkit.sim.workload import Workload
+
+    truth = SyntheticEngine()
+    wl = Workload(np.array([0.0, 0.0, 0.0, 0.5]), np.array([10, 20, 30, 40]), np.array([4, 4, 4, 4]),
+                  np.zeros(4, dtype=np.int64))
+    server = fidelity.SimServer("continuous", max_batch=8, max_queue=40, kv_tokens=8 * 512, max_len=512)
+    f = fidelity.sim_step_figures(_records(wl, server.run(wl, truth), 0.0), server, truth)
+    assert (f["prompt_steps"], f["chunks"], f["steps"]) == (2, 2.0, 8)
+    assert f["rows"] == pytest.approx((3 + 3 * 3 + 1 + 3) / 8)  # prompts + decoders per step
+    whole = f["prompt_step_s"] * 2 + f["decode_step_s"] * 6
+    assert whole == pytest.approx(f["step_s"] * 8)

@@ -248,6 +248,22 @@ def test_engine_timers_split_each_step_into_model_and_overhead(tiny):
     assert metrics_mod.engine_timers(before, before)["steps"] == 0
 
 
+def test_engine_counts_the_steps_that_carry_prompts_and_their_prompts(tiny):
+    """Two slots, three prompts of equal output: the first two prefill together in one step, the
+    third in a step of its own once a slot frees; the prompt steps' time and the decode-only
+    steps' time add up to the whole."""
+    eng = _engine(tiny, max_batch=2)
+    before = metrics_mod.parse_prometheus(eng.metrics.render(eng.gauges()))
+    for p in PROMPTS[:3]:
+        eng.submit(TOK.encode(p), 5, ignore_eos=True)
+    eng.run_until_idle()
+    t = metrics_mod.engine_timers(before, metrics_mod.parse_prometheus(eng.metrics.render(eng.gauges())))
+    assert (t["prompt_steps"], t["chunks"]) == (2, 1.5)
+    assert t["steps"] == 10  # 5 tokens each: the prompt step emits the first, 4 decode steps the rest
+    whole = t["prompt_step_s"] * t["prompt_steps"] + t["decode_step_s"] * (t["steps"] - t["prompt_steps"])
+    assert whole == pytest.approx(t["step_s"] * t["steps"])
+
+
 def test_split_metrics_add_the_engine_process_counts_to_the_servers():
     """/metrics of a server whose engine runs in another process: the server's own counts plus
     the engine's latest snapshot, histograms bucket by bucket."""

@@ -534,27 +534,35 @@ def span_errors(records: Sequence[RequestRecord], server: SimServer, cost: CostM
 
 def sim_step_figures(records: Sequence[RequestRecord], server: SimServer, cost: CostModel) -> dict[str, float]:
     """The twin's steps over the measured trace of `records`, as `step_figures` reads the real
-    engine's: steps, mean step time (s) and mean rows per step (decoders + one per step with
-    prompt tokens)."""
+    engine's: steps, mean step time (s), mean rows per step (decoders + prompts run), and the
+    steps that carried prompt tokens apart (`prompt_steps`, their mean time `prompt_step_s`,
+    prompts per such step `chunks`; `decode_step_s` the others' mean time)."""
     tl = server.run(trace_from_records(records), cost).timeline
-    n = len(tl["dt"])
-    return {"steps": n, "step_s": float(tl["dt"].mean()) if n else float("nan"),
-            "rows": float((tl["decode"] + (tl["prefill"] > 0)).mean()) if n else float("nan")}
+    dt, has_prompt = tl["dt"], tl["prefill"] > 0
+    mean = lambda x: float(x.mean()) if len(x) else float("nan")  # noqa: E731
+    return {"steps": len(dt), "step_s": mean(dt), "rows": mean(tl["decode"] + tl["chunks"]),
+            "prompt_steps": int(has_prompt.sum()), "prompt_step_s": mean(dt[has_prompt]),
+            "chunks": mean(tl["chunks"][has_prompt]), "decode_step_s": mean(dt[~has_prompt])}
 
 
 def format_step_figures(real: dict[str, dict[str, float]], sim: dict[str, dict[str, float]]) -> str:
-    """Per load level: the engine's own timers (steps, ms per step: model + overhead, rows per
-    step) beside the twin's steps over the same trace."""
-    lines = [f"{'load':<12}{'real steps':>11}{'step ms':>9}{'model':>8}{'overhead':>9}{'rows':>7}   "
-             f"{'twin steps':>11}{'step ms':>9}{'rows':>7}{'step err':>10}{'cores: ours / others / steal':>31}"]
+    """Per load level, real (the engine's own timers) then twin (its steps over the same trace):
+    steps, ms per step (real: model + overhead), rows per step, and the steps that carried prompts
+    apart (how many, ms each, prompts each) from the decode-only ones (ms each)."""
+    head = f"{'steps':>7}{'ms':>7}{'rows':>6}{'prompt steps':>13}{'ms':>7}{'prompts':>8}{'decode ms':>10}"
+    lines = [f"{'':<12}{'real (engine timers)':^57} {'twin (same trace)':^57}",
+             f"{'load':<12}{head}{'model':>7}{'ovh':>7} {head}{'step err':>9}{'cores: ours/others/steal':>27}"]
+    part = lambda f: (f"{f['steps']:>7.0f}{1e3 * f['step_s']:>7.2f}{f['rows']:>6.1f}{f.get('prompt_steps', math.nan):>13.0f}"  # noqa: E731
+                      f"{1e3 * f.get('prompt_step_s', math.nan):>7.2f}{f.get('chunks', math.nan):>8.2f}"
+                      f"{1e3 * f.get('decode_step_s', math.nan):>10.2f}")
     for lv, r in real.items():
         s = sim[lv]
-        cpu = (f"{r['cpu_ours']:8.2f} /{r['cpu_others']:7.2f} /{r['cpu_steal']:6.2f}" if "cpu_ours" in r else "")
-        lines.append(f"{lv:<12}{r['steps']:>11.0f}{1e3 * r['step_s']:>9.2f}{1e3 * r['model_s']:>8.2f}"
-                     f"{1e3 * r['overhead_s']:>9.3f}{r['rows']:>7.1f}   {s['steps']:>11.0f}{1e3 * s['step_s']:>9.2f}"
-                     f"{s['rows']:>7.1f}{100 * (s['step_s'] / r['step_s'] - 1):>+9.0f}%{cpu:>31}")
-    lines.append("(real: the engine's own timers over the run; twin: its steps over the same trace; cores: "
-                 "this load generator + the server, every other process, the hypervisor's steal)")
+        cpu = (f"{r['cpu_ours']:6.2f} /{r['cpu_others']:5.2f} /{r['cpu_steal']:5.2f}" if "cpu_ours" in r else "")
+        lines.append(f"{lv:<12}{part(r)}{1e3 * r['model_s']:>7.2f}{1e3 * r['overhead_s']:>7.3f} {part(s)}"
+                     f"{100 * (s['step_s'] / r['step_s'] - 1):>+8.0f}%{cpu:>27}")
+    lines.append("(ms per step; rows: decoders + prompts per step; prompt steps: the steps that carried prompt "
+                 "tokens, with their prompts each; ovh: the engine's CPU work per step; cores: this load generator + "
+                 "the server, every other process, the hypervisor's steal)")
     return "\n".join(lines)
 
 

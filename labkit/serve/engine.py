@@ -370,8 +370,14 @@ class Engine:
             for r in list(self.running.values()):  # a static batch leaves together
                 self._finish(r, r.finish_reason)
         if rows:
+            dt = time.perf_counter() - t_step
             self.metrics.add("engine_model_seconds", self._model_s)
-            self.metrics.add("engine_step_seconds", time.perf_counter() - t_step)
+            self.metrics.add("engine_step_seconds", dt)
+            chunks = sum(1 for _, k in rows if k)
+            if chunks:  # a step that carried prompt tokens: how many prompts, and what it cost
+                self.metrics.add("prompt_steps")
+                self.metrics.add("prompt_chunks", chunks)
+                self.metrics.add("prompt_step_seconds", dt)
         self._flush()
         return bool(rows)
 

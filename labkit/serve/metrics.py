@@ -43,7 +43,11 @@ COUNTERS = {"prompt_tokens": "vllm:prompt_tokens_total", "generation_tokens": "v
             # the engine's own timers (s), summed over steps that ran rows: the whole step, and its
             # model passes (forward + sampling); the difference is the engine's CPU work per step
             "engine_step_seconds": "labkit_engine_step_seconds_total",
-            "engine_model_seconds": "labkit_engine_model_seconds_total"}
+            "engine_model_seconds": "labkit_engine_model_seconds_total",
+            # the steps that carried prompt tokens: how many, the prompt chunks they ran, their time (s)
+            "prompt_steps": "labkit_engine_prompt_steps_total",
+            "prompt_chunks": "labkit_engine_prompt_chunks_total",
+            "prompt_step_seconds": "labkit_engine_prompt_step_seconds_total"}
 FINISH_REASONS = ("stop", "length", "abort")
 # (key, Prometheus name, help) of the latency histograms, all in s.
 HISTOGRAMS = (
@@ -219,15 +223,20 @@ def histogram_quantile(samples: dict[str, float], name: str, q: float) -> float:
 def engine_timers(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """What the engine's own timers say about the steps between two parsed expositions: steps,
     and per step (s) the whole step, its model passes, and the rest (`overhead_s`: policy,
-    blocks, bookkeeping, events: the CPU cost per step a simulated twin adds to the model's)."""
-    d = {k: sample(after, n) - sample(before, n) for k, n in (("steps", COUNTERS["steps"]),
-                                                               ("step", COUNTERS["engine_step_seconds"]),
-                                                               ("model", COUNTERS["engine_model_seconds"]))}
-    n = d["steps"]
-    if n <= 0:
-        return {"steps": 0, "step_s": math.nan, "model_s": math.nan, "overhead_s": math.nan}
-    return {"steps": n, "step_s": d["step"] / n, "model_s": d["model"] / n,
-            "overhead_s": (d["step"] - d["model"]) / n}
+    blocks, bookkeeping, events: the CPU cost per step a simulated twin adds to the model's);
+    then the steps that carried prompt tokens apart: how many (`prompt_steps`), their mean time
+    (`prompt_step_s`, s), prompts per such step (`chunks`), and the decode-only steps' mean time
+    (`decode_step_s`, s)."""
+    keys = ("steps", "engine_step_seconds", "engine_model_seconds", "prompt_steps", "prompt_chunks",
+            "prompt_step_seconds")
+    d = {k: sample(after, COUNTERS[k]) - sample(before, COUNTERS[k]) for k in keys}
+    n, p = d["steps"], d["prompt_steps"]
+    ratio = lambda a, b: a / b if b > 0 else math.nan  # noqa: E731
+    return {"steps": n, "step_s": ratio(d["engine_step_seconds"], n), "model_s": ratio(d["engine_model_seconds"], n),
+            "overhead_s": ratio(d["engine_step_seconds"] - d["engine_model_seconds"], n),
+            "prompt_steps": p, "prompt_step_s": ratio(d["prompt_step_seconds"], p),
+            "chunks": ratio(d["prompt_chunks"], p),
+            "decode_step_s": ratio(d["engine_step_seconds"] - d["prompt_step_seconds"], n - p)}
 
 
 def sample(samples: dict[str, float], name: str, **labels: str) -> float:

@@ -90,12 +90,12 @@ class Simulator:
         self.preemptions = np.zeros(n, dtype=np.int64)
         self.rejected: dict[int, str] = {}
         self.extra_itl: list[float] = []  # token gaps across a preemption (recompute)
-        # per step: end time (s), duration (s), decoding seqs, prompt tokens, running seqs,
-        # KV blocks in use, KV tokens stored
+        # per step: end time (s), duration (s), decoding seqs, prompt tokens, prompts (chunks) run,
+        # running seqs, KV blocks in use, KV tokens stored
         self.tl = {k: array("d") for k in ("t", "dt")}
-        self.tl.update({k: array("q") for k in ("decode", "prefill", "batch", "kv_blocks", "kv_tokens")})
-        self._record = tuple(self.tl[k].append for k in ("t", "dt", "decode", "prefill", "batch", "kv_blocks",
-                                                         "kv_tokens"))  # bound once: the hot loop calls them
+        self.tl.update({k: array("q") for k in ("decode", "prefill", "chunks", "batch", "kv_blocks", "kv_tokens")})
+        self._record = tuple(self.tl[k].append for k in ("t", "dt", "decode", "prefill", "chunks", "batch",
+                                                         "kv_blocks", "kv_tokens"))  # bound once: the hot loop calls them
         # The workload as lists (indexing a list beats indexing a numpy array in a Python loop).
         self._arrival, self._prompt = workload.arrival.tolist(), workload.prompt.tolist()
         self._max_tokens, self._cls = workload.output.tolist(), workload.cls.tolist()
@@ -195,7 +195,7 @@ class Simulator:
         kv, phase, heap, step_time, policy = self.kv, self.phase, self.heap, self.cost.step_time, self.policy
         plan_time, padded, grouped = getattr(self.cost, "plan_time", None), self.padded, self.grouped
         paged, n_phases, max_steps = kv.paged, len(self.phase), self.max_steps
-        t_app, dt_app, dec_app, pre_app, bat_app, kvb_app, kvt_app = self._record
+        t_app, dt_app, dec_app, pre_app, chunk_app, bat_app, kvb_app, kvt_app = self._record
         heappop, inf = heapq.heappop, math.inf
         next_arrival = self._deliver_arrivals()  # time (s) of the next request not yet handed over
         while True:
@@ -234,7 +234,8 @@ class Simulator:
                 self.now += dt
                 self.step_no += 1
                 self.ctx += decoding + prompt_tokens
-                t_app(self.now); dt_app(dt); dec_app(decoding); pre_app(prompt_tokens); bat_app(len(self.running))
+                t_app(self.now); dt_app(dt); dec_app(decoding); pre_app(prompt_tokens); chunk_app(len(plan))
+                bat_app(len(self.running))
                 kvb_app(kv.total - kv.free); kvt_app(self.ctx)
                 changed = False
                 if plan:

@@ -14,8 +14,8 @@ from labkit.sim.workload import Workload
 class Result:
     """Per request (index = request id): t_sched (first admitted), t_first (first token),
     t_done (last token), all in s, NaN if never reached; preemptions; rejected {id: reason}.
-    timeline: per step t (end, s), dt (s), decode (seqs), prefill (tokens), batch (running
-    seqs), kv_blocks (in use), kv_tokens (stored). extra_itl: token gaps (s) across a
+    timeline: per step t (end, s), dt (s), decode (seqs), prefill (tokens), chunks (prompts
+    it ran), batch (running seqs), kv_blocks (in use), kv_tokens (stored). extra_itl: token gaps (s) across a
     preemption. kv_unit: tokens per KV block; kv_total: blocks."""
 
     workload: Workload
