@@ -121,21 +121,23 @@ def test_profile_grid_covers_the_servers_limits():
     cfg = ex.server_config("continuous")
     g = ex.profile_grid(cfg)
     assert g["batches"][0] == 1 and g["batches"][-1] == cfg.max_batch
-    assert max(g["contexts"]) + 10 + 2 <= cfg.max_model_len and max(g["prompts"]) > cfg.max_model_len
+    assert max(g["contexts"]) + g["warmup"] + g["steps"] + 3 <= cfg.max_model_len
+    assert max(g["prompts"]) > cfg.max_model_len
 
 
 def test_profile_engine_times_the_real_engine_on_its_grid():
     pytest.importorskip("labkit.serve")
-    prof, overhead = fidelity.profile_engine(batches=(1, 3), contexts=(8, 40), prompts=(4, 100), steps=2, repeat=2,
-                                             max_model_len=64)
+    prof, overhead = fidelity.profile_engine(batches=(1, 3), contexts=(8, 40), prompts=(4, 100), steps=2, warmup=3,
+                                             repeat=2, max_model_len=64)
     assert prof.batches == (1, 3) and prof.prompts == (4, 100) and prof.max_context == 64
-    assert prof.contexts == (8 + 1 + 1.5, 40 + 1 + 1.5)
+    # timed after the prefill and 1 + 3 warm-up steps: the mean context is prompt + 1 + 3 + 1.5
+    assert prof.contexts == (8 + 1 + 3 + 1.5, 40 + 1 + 3 + 1.5)
     assert np.all(np.asarray(prof.decode_s) > 0) and all(t > 0 for t in prof.prefill_s)
     assert len(overhead) == 2 * 2 + 2 and all(o >= 0 for _, o in overhead)
     # past max_model_len the prompt tokens are split over equal prompts (100 -> 2 x 50)
     assert [r for r, _ in overhead[-2:]] == [1, 2]
     with pytest.raises(ValueError, match="past max_model_len"):
-        fidelity.profile_engine(batches=(1,), contexts=(60,), prompts=(4,), steps=4, max_model_len=64)
+        fidelity.profile_engine(batches=(1,), contexts=(40,), prompts=(4,), steps=2, max_model_len=64)  # 20 warm-up
 
 
 def test_profile_engine_times_one_group_against_two_on_the_same_batch(monkeypatch):
@@ -156,12 +158,12 @@ def test_profile_engine_times_one_group_against_two_on_the_same_batch(monkeypatc
         return groups
 
     monkeypatch.setattr(paged, "ragged_groups", spy)
-    prof, _ = fidelity.profile_engine(batches=(1, 4), contexts=(8, 40), prompts=(4,), steps=2, repeat=1,
+    prof, _ = fidelity.profile_engine(batches=(1, 4), contexts=(8, 30), prompts=(4,), steps=2, warmup=2, repeat=1,
                                       max_model_len=64)
     # one group on the prefill, warm-up and alternate timed steps; two on the others
     assert set(seen) == {1, 2} and seen.count(1) > seen.count(2)
     assert np.isfinite(prof.group_s) and prof.group_s >= 0
-    small, _ = fidelity.profile_engine(batches=(1, 2), contexts=(8, 40), prompts=(4,), steps=2, repeat=1,
+    small, _ = fidelity.profile_engine(batches=(1, 2), contexts=(8, 30), prompts=(4,), steps=2, warmup=2, repeat=1,
                                        max_model_len=64)
     assert small.group_s == 0.0
 

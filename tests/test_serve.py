@@ -248,6 +248,34 @@ def test_engine_timers_split_each_step_into_model_and_overhead(tiny):
     assert metrics_mod.engine_timers(before, before)["steps"] == 0
 
 
+def test_the_step_trace_holds_every_step_with_its_composition(tiny, tmp_path):
+    """Two slots, three prompts: the trace has a line per step, in time order; the prompt steps
+    carry the prompts' lengths (two together, then one) and the decode steps their rows' contexts
+    (the prompt, then one token more each step); its model and step times add up to the engine's timers."""
+    from labkit.serve.steptrace import read_steps
+
+    path = tmp_path / "steps.jsonl"
+    eng = _engine(tiny, max_batch=2, step_trace=str(path))
+    ids = [TOK.encode(p) for p in PROMPTS[:3]]
+    for p in ids:
+        eng.submit(p, 5, ignore_eos=True)
+    eng.run_until_idle()
+    steps = read_steps(path)
+    assert len(steps) == eng.metrics.counters["steps"] == 10
+    assert all(a.t < b.t for a, b in zip(steps, steps[1:]))
+    assert [s.chunks for s in steps if s.chunks] == [(len(ids[0]), len(ids[1])), (len(ids[2]),)]
+    assert [s.contexts for s in steps[1:5]] == [(len(ids[0]) + i, len(ids[1]) + i) for i in range(4)]
+    assert steps[5].contexts == () and steps[6].contexts == (len(ids[2]),)
+    assert sum(s.model_s for s in steps) == pytest.approx(eng.metrics.counters["engine_model_seconds"])
+    assert sum(s.step_s for s in steps) == pytest.approx(eng.metrics.counters["engine_step_seconds"])
+    assert read_steps(path, since=steps[3].t, until=steps[6].t) == steps[3:6]
+
+
+def test_a_step_trace_that_cannot_be_written_is_refused_by_name(tiny, tmp_path):
+    with pytest.raises(ValueError, match="step_trace .*no-such-folder"):
+        _engine(tiny, step_trace=str(tmp_path / "no-such-folder" / "steps.jsonl"))
+
+
 def test_engine_counts_the_steps_that_carry_prompts_and_their_prompts(tiny):
     """Two slots, three prompts of equal output: the first two prefill together in one step, the
     third in a step of its own once a slot frees; the prompt steps' time and the decode-only
@@ -429,8 +457,8 @@ def _not_default(f: dataclasses.Field):
     """A valid value for setting `f` other than its default."""
     if "choices" in f.metadata:
         return next(c for c in f.metadata["choices"] if c != f.default)
-    if f.default is None:  # kv_blocks
-        return 3
+    if f.default is None:  # kv_blocks (int), step_trace (a path)
+        return f.metadata["type"](3)
     return f.default * 2 if isinstance(f.default, float) else f.default + 1
 
 

@@ -89,7 +89,8 @@ class Target:
 @dataclasses.dataclass
 class LoadResult:
     """A finished run: its records (warm-up included, flagged), how many specs were planned
-    and how many were never sent (the duration bound was reached), wall time (s)."""
+    and how many were never sent (the duration bound was reached), wall time (s), and when it
+    started on the machine's monotonic clock (to line it up with a server's step trace)."""
 
     records: list[RequestRecord]
     planned: int
@@ -97,6 +98,7 @@ class LoadResult:
     wall_s: float
     mode: str
     users: int | None = None
+    started: float | None = None  # time.monotonic() (s) when the measured requests started (send_s = 0)
 
     def summary(self, slo: SLO | None = None) -> dict[str, Any]:
         """`summarize` of the measured records, plus planned / not_sent / mode / users."""
@@ -266,7 +268,7 @@ async def run_async(target: Target, specs: Sequence[RequestSpec], *, users: int 
         for i, spec in enumerate(specs[:warmup]):
             await send(session, target, dataclasses.replace(spec, id=-1 - i, at_s=None, cancel_after=None),
                        w0, seed=seed, warmup=True, records=records)
-        t0 = time.perf_counter()
+        t0, started = time.perf_counter(), time.monotonic()
         tasks: list[asyncio.Task] = []
         sent = 0
         if users is None:
@@ -294,7 +296,7 @@ async def run_async(target: Target, specs: Sequence[RequestSpec], *, users: int 
             sent = sum(1 for r in records if not r.warmup)
         wall = time.perf_counter() - t0
     mode = "open" if users is None else "closed"
-    return LoadResult(records, len(specs), len(specs) - sent, wall, mode, users)
+    return LoadResult(records, len(specs), len(specs) - sent, wall, mode, users, started)
 
 
 def run_sync(make_coro: Callable[[], Awaitable[T]]) -> T:

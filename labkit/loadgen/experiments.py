@@ -85,12 +85,13 @@ def calibrate_served(url: str, path: str | Path | None = None, **measure_kw: Any
 def profile_grid(cfg: Any) -> dict[str, Any]:
     """`fidelity.profile_engine` keywords covering server config `cfg`'s limits: decode batches
     1 .. max_batch, contexts up to max_model_len, prompts up to two sequences' worth."""
-    top = cfg.max_model_len
+    top, warmup, steps = cfg.max_model_len, 20, 10
+    last = top - warmup - steps - 18  # the last timed step holds 17 tokens fewer than the longest sequence
     batches = sorted({b for b in (1, 2, 4, 8, 12, 16, 24, 32) if b < cfg.max_batch} | {cfg.max_batch})
-    contexts = sorted({c for c in (8, 64, 192, 448) if c + 8 < top} | {top - 8 - 8})
+    contexts = sorted({c for c in (8, 64, 192, 384) if c + 32 < last} | {last})
     prompts = sorted({p for p in (1, 8, 32, 64, 128, 256) if p < top} | {top - 12, 2 * (top - 12)})
     return {"batches": batches, "contexts": contexts, "prompts": prompts, "block_size": cfg.block_size,
-            "max_model_len": top, "threads": cfg.threads}
+            "max_model_len": top, "threads": cfg.threads, "warmup": warmup, "steps": steps}
 
 
 def calibrate_per_step(url: str, cfg: Any, profile: Any = None,

@@ -22,7 +22,7 @@ import os
 import platform
 import time
 import urllib.request
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -55,10 +55,11 @@ class SimServer:
     max_wait: float = 0.05
     watermark: float = 0.0
 
-    def run(self, wl: Workload, cost: CostModel) -> Result:
+    def run(self, wl: Workload, cost: CostModel, speed: Callable[[float], float] | None = None) -> Result:
+        """`wl` through this server with step times from `cost` (x `speed(t)`, if given)."""
         pol = make(self.policy, max_batch=self.max_batch, max_wait=self.max_wait, max_queue=self.max_queue)
         return simulate(wl, pol, cost, KVMemory(self.kv_tokens, "on_demand", self.block_size, self.max_len,
-                                               self.watermark))
+                                               self.watermark), speed=speed)
 
 
 def _engine_rig(model: Any, block_size: int, max_model_len: int) -> tuple[Any, Any]:
@@ -125,15 +126,18 @@ def measure_engine(model: Any = None, *, batches: Sequence[int] = (1, 4, 8, 16),
 
 def profile_engine(model: Any = None, *, batches: Sequence[int] = (1, 2, 4, 8, 12, 16),
                    contexts: Sequence[int] = (8, 64, 192, 448), prompts: Sequence[int] = (1, 8, 32, 64, 128, 256, 500, 1000),
-                   steps: int = 10, repeat: int = 5, threads: int | None = 1, block_size: int = 16,
+                   steps: int = 10, warmup: int = 20, repeat: int = 5, threads: int | None = 1, block_size: int = 16,
                    max_model_len: int = 512) -> tuple[StepProfile, list[tuple[int, float]]]:
     """The per-step model's grid, measured on `labkit.serve.engine.Engine.step()` in process (no
     HTTP), with the engine's own timers: each step's model passes (forward + sampling) give the
     grid's times; the rest of the step is the engine's CPU overhead, returned beside it.
 
     Decode points: `b` sequences with `c`-token prompts, admitted and prefilled in one step,
-    then one warm-up and `steps` timed decode steps (median model time; the context is the
-    mean over the timed steps). Prefill points: `p` prompt tokens in one step (one prompt, or
+    then 1 + `warmup` decode steps and `steps` timed ones (median model time; the context is the
+    mean over the timed steps). The warm-up is long because on our VMs a decode loop runs 5-15 %
+    slow for its first ~20 steps after anything else held the CPU (a prefill, engine set-up,
+    even 30 ms of plain Python), and a server under load decodes mostly in that loop's steady
+    state: its prompt steps are one prompt, not the profile's b x c tokens. Prefill points: `p` prompt tokens in one step (one prompt, or
     several of equal length past `max_model_len`), 1 output token, median of `repeat`.
     `threads`: torch intra-op threads while timing (the server runs with 1); restored afterwards.
     The profile's `group_s`, what one more read group adds to a decode pass, side by side on
@@ -164,27 +168,28 @@ def profile_engine(model: Any = None, *, batches: Sequence[int] = (1, 2, 4, 8, 1
         reads with the paged pool's `split_cost` = split_costs[i % len(split_costs)]."""
         eng = engine(len(prompts))
         for c in prompts:
-            eng.submit(ids(c), n + 3, ignore_eos=True)
+            eng.submit(ids(c), n + warmup + 3, ignore_eos=True)
         eng.step()  # admission + prefill of all prompts
-        eng.step()  # warm-up decode
+        for _ in range(warmup + 1):  # past the slow first decode steps after the prefill
+            eng.step()
         out = []
         for i in range(n):
             eng.pool.split_cost = split_costs[i % len(split_costs)]
             out.append(timed_step(eng))
         return out
 
-    mid = 1 + (steps + 1) / 2  # at timed step i (1-based) a sequence attends over its prompt + 1 + i tokens
+    mid = 1 + warmup + (steps + 1) / 2  # at timed step i (1-based): prompt + 1 + warmup + i tokens
     decode, prefill, overhead, split = [], [], [], []
     with torch_threads(threads or None) as used, torch.inference_mode():
         for b in batches:
             for c in contexts:
-                if c + steps + 2 > max_model_len:
-                    raise ValueError(f"context {c} + {steps + 2} steps is past max_model_len={max_model_len}")
+                if c + warmup + steps + 3 > max_model_len:
+                    raise ValueError(f"context {c} + {warmup + steps + 3} steps is past max_model_len={max_model_len}")
                 times = timed_decode([c] * b)
                 decode.append((b, c + mid, float(np.median([m for m, _ in times]))))
                 overhead.append((b, float(np.median([o for _, o in times]))))
         for b in (b for b in batches if b >= 4):
-            for c in [c for c in contexts[1:-1] or contexts if c + 2 * steps + 4 <= max_model_len]:
+            for c in [c for c in contexts[1:-1] or contexts if c + warmup + 2 * steps + 4 <= max_model_len]:
                 # two groups, then one, alternately: the machine's drift hits both alike
                 times = [m for m, _ in timed_decode([c + i % 2 for i in range(b)], 2 * steps, (0.0, math.inf))]
                 split.append(float(np.median(times[0::2]) - np.median(times[1::2])))
@@ -480,11 +485,13 @@ def relative_errors(simulated: dict[str, Any], real: dict[str, Any]) -> dict[str
     return out
 
 
-def replay(records: Sequence[RequestRecord], server: SimServer, cost: CostModel) -> dict[str, Any]:
-    """Simulate the measured trace of `records`; its `labkit.sim.metrics.summary` (with the cost
-    model's per-request latency `request_s` added to every E2E, and to every TTFT unless it has a
-    `first_token_s` of its own: the part of that latency before the first token)."""
-    res = server.run(trace_from_records(records), cost)
+def replay(records: Sequence[RequestRecord], server: SimServer, cost: CostModel,
+           speed: Callable[[float], float] | None = None) -> dict[str, Any]:
+    """Simulate the measured trace of `records` (at the machine's `speed(t)`, t in s since the
+    first send, if given); its `labkit.sim.metrics.summary` (with the cost model's per-request
+    latency `request_s` added to every E2E, and to every TTFT unless it has a `first_token_s` of
+    its own: the part of that latency before the first token)."""
+    res = server.run(trace_from_records(records), cost, speed)
     lag = getattr(cost, "request_s", 0.0)
     first = getattr(cost, "first_token_s", None)  # the latency before the first token, where measured apart
     if lag or first:
@@ -493,9 +500,9 @@ def replay(records: Sequence[RequestRecord], server: SimServer, cost: CostModel)
 
 
 def compare(records: Sequence[RequestRecord], real: dict[str, Any], server: SimServer,
-            cost: CostModel) -> dict[str, Any]:
+            cost: CostModel, speed: Callable[[float], float] | None = None) -> dict[str, Any]:
     """{"real": summary, "sim": summary, "error": relative errors} for one measured run."""
-    sim = replay(records, server, cost)
+    sim = replay(records, server, cost, speed)
     return {"real": real, "sim": sim, "error": relative_errors(sim, real)}
 
 
@@ -503,7 +510,8 @@ def compare(records: Sequence[RequestRecord], real: dict[str, Any], server: SimS
 PHASES = ("queue", "prefill", "decode")
 
 
-def span_errors(records: Sequence[RequestRecord], server: SimServer, cost: CostModel) -> dict[str, Any]:
+def span_errors(records: Sequence[RequestRecord], server: SimServer, cost: CostModel,
+                speed: Callable[[float], float] | None = None) -> dict[str, Any]:
     """Replay the measured trace and set each completed request's simulated phases (queue =
     admitted - arrival, prefill = first token - admitted, decode = last - first token, s)
     beside the server's spans for it. The rest of the real E2E is what the simulator's steps
@@ -515,7 +523,7 @@ def span_errors(records: Sequence[RequestRecord], server: SimServer, cost: CostM
     simulated one, per generated token after the first (what each token costs outside the
     model's steps), "requests": how many were compared}."""
     rs = sorted((r for r in records if not r.warmup), key=lambda r: r.send_s)
-    res = server.run(trace_from_records(rs), cost)
+    res = server.run(trace_from_records(rs), cost, speed)
     sim = {"queue": res.t_sched - res.workload.arrival, "prefill": res.t_first - res.t_sched,
            "decode": res.t_done - res.t_first}
     idx = [i for i, r in enumerate(rs) if r.ok and r.server_spans and res.done[i] and r.e2e_s is not None]
@@ -532,12 +540,13 @@ def span_errors(records: Sequence[RequestRecord], server: SimServer, cost: CostM
             "per_token_s": float(np.mean((real["decode"] - simd["decode"]) / tokens)), "requests": len(idx)}
 
 
-def sim_step_figures(records: Sequence[RequestRecord], server: SimServer, cost: CostModel) -> dict[str, float]:
+def sim_step_figures(records: Sequence[RequestRecord], server: SimServer, cost: CostModel,
+                     speed: Callable[[float], float] | None = None) -> dict[str, float]:
     """The twin's steps over the measured trace of `records`, as `step_figures` reads the real
     engine's: steps, mean step time (s), mean rows per step (decoders + prompts run), and the
     steps that carried prompt tokens apart (`prompt_steps`, their mean time `prompt_step_s`,
     prompts per such step `chunks`; `decode_step_s` the others' mean time)."""
-    tl = server.run(trace_from_records(records), cost).timeline
+    tl = server.run(trace_from_records(records), cost, speed).timeline
     dt, has_prompt = tl["dt"], tl["prefill"] > 0
     mean = lambda x: float(x.mean()) if len(x) else float("nan")  # noqa: E731
     return {"steps": len(dt), "step_s": mean(dt), "rows": mean(tl["decode"] + tl["chunks"]),

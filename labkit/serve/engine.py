@@ -42,6 +42,7 @@ from labkit.serve.blocks import RESERVE, BlockManager
 from labkit.serve.logprobs import token_logprob
 from labkit.serve.metrics import Metrics
 from labkit.serve.paged import PagedKVCache
+from labkit.serve.steptrace import StepTraceWriter
 from labkit import scheduling
 
 log = logging.getLogger("labkit.serve")
@@ -91,6 +92,9 @@ class EngineSettings:
     max_wait: float = setting(0.05, "static/dynamic batching: seconds to wait for a full batch")
     token_budget: int = setting(512, "chunked policy: tokens per step")
     seed: int = setting(0, "base seed of requests that give none")
+    step_trace: str | None = setting(None, "write one JSON line per engine step to this file: start time, "
+                                     "step and model seconds, prompt chunks, decoders' contexts "
+                                     "(labkit.serve.steptrace)", type=str)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -251,6 +255,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._model_s = 0.0  # this step's model passes so far (s)
         self.failure: str | None = None  # why this engine can serve no more (None: it can); see labkit.serve.core
+        self.trace = StepTraceWriter(cfg.step_trace) if cfg.step_trace else None
 
     # ================================================================ any thread
     def submit(self, prompt_ids: Sequence[int], max_tokens: int, *, temperature: float = 0.0, top_p: float = 1.0,
@@ -349,7 +354,7 @@ class Engine:
         engine's own CPU work per step (policy, blocks, bookkeeping, events)."""
         t_step = time.perf_counter()
         self._model_s = 0.0
-        self.now = time.monotonic()
+        self.now = started = time.monotonic()
         self._take_inbox()
         if self.now >= self._deadline:
             self._abort_all("the server shut down before this request finished")
@@ -358,6 +363,8 @@ class Engine:
         decoders = self._grow([r for r in self.running.values() if r.decoding and
                                (not r.own_done or r.kv_len < self.cfg.max_model_len)])
         rows = [(r, k) for r, k in self.plan if r.state == "running"] + [(r, 0) for r in decoders]
+        if rows and self.trace is not None:  # the composition, before the pass moves the contexts
+            contexts = [r.kv_len for r, k in rows if not k]
         if rows:
             try:
                 self._run(rows)
@@ -378,6 +385,8 @@ class Engine:
                 self.metrics.add("prompt_steps")
                 self.metrics.add("prompt_chunks", chunks)
                 self.metrics.add("prompt_step_seconds", dt)
+            if self.trace is not None:
+                self.trace.write(started, dt, self._model_s, [k for _, k in rows if k], contexts)
         self._flush()
         return bool(rows)
 

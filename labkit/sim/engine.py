@@ -24,6 +24,7 @@ from __future__ import annotations
 import heapq
 import math
 from array import array
+from typing import Callable
 
 import numpy as np
 
@@ -58,8 +59,8 @@ class Simulator:
     It is the `ServerView` a policy schedules on (see `labkit.scheduling`)."""
 
     def __init__(self, workload: Workload, policy: Policy, cost: CostModel, kv: KVMemory | None = None,
-                 max_steps: int = 50_000_000):
-        self.w, self.policy, self.cost = workload, policy, cost
+                 max_steps: int = 50_000_000, speed: Callable[[float], float] | None = None):
+        self.w, self.policy, self.cost, self.speed = workload, policy, cost, speed
         self.kv = kv or KVMemory(capacity=10**12, reserve="on_demand", max_len=10**9)
         self.max_steps = max_steps
         self.now = 0.0
@@ -194,7 +195,7 @@ class Simulator:
         changes (arrivals, idling, preemption, prompt completion, finishing) is a method."""
         kv, phase, heap, step_time, policy = self.kv, self.phase, self.heap, self.cost.step_time, self.policy
         plan_time, padded, grouped = getattr(self.cost, "plan_time", None), self.padded, self.grouped
-        paged, n_phases, max_steps = kv.paged, len(self.phase), self.max_steps
+        paged, n_phases, max_steps, speed = kv.paged, len(self.phase), self.max_steps, self.speed
         t_app, dt_app, dec_app, pre_app, chunk_app, bat_app, kvb_app, kvt_app = self._record
         heappop, inf = heapq.heappop, math.inf
         next_arrival = self._deliver_arrivals()  # time (s) of the next request not yet handed over
@@ -231,6 +232,8 @@ class Simulator:
                     dt = plan_time(decoding, [k for _, k in plan], read) + extra
                 else:
                     dt = step_time(decoding, prompt_tokens, read) + extra
+                if speed is not None:  # the machine's measured speed at this moment (1: the cost model's)
+                    dt *= speed(self.now)
                 self.now += dt
                 self.step_no += 1
                 self.ctx += decoding + prompt_tokens
@@ -320,7 +323,9 @@ class Simulator:
                     self._start_decode(seq)
 
 
-def simulate(workload: Workload, policy: Policy, cost: CostModel, kv: KVMemory | None = None) -> Result:
+def simulate(workload: Workload, policy: Policy, cost: CostModel, kv: KVMemory | None = None,
+             speed: Callable[[float], float] | None = None) -> Result:
     """Run `workload` through `policy` on a server with step times from `cost` and KV memory `kv`
-    (default: unlimited). Deterministic: same inputs, same result."""
-    return Simulator(workload, policy, cost, kv).run()
+    (default: unlimited). `speed(t)`: a factor on the step that starts at time t (s), for a machine
+    whose speed was measured to move during a run (None: 1). Deterministic: same inputs, same result."""
+    return Simulator(workload, policy, cost, kv, speed=speed).run()
