@@ -128,12 +128,14 @@ def test_profile_grid_covers_the_servers_limits():
 def test_profile_engine_times_the_real_engine_on_its_grid():
     pytest.importorskip("labkit.serve")
     prof, overhead = fidelity.profile_engine(batches=(1, 3), contexts=(8, 40), prompts=(4, 100), steps=2, warmup=3,
-                                             repeat=2, max_model_len=64)
+                                             repeat=2, max_model_len=64, idle=(0.001, 0.01))
     assert prof.batches == (1, 3) and prof.prompts == (4, 100) and prof.max_context == 64
     # timed after the prefill and 1 + 3 warm-up steps: the mean context is prompt + 1 + 3 + 1.5
     assert prof.contexts == (8 + 1 + 3 + 1.5, 40 + 1 + 3 + 1.5)
     assert np.all(np.asarray(prof.decode_s) > 0) and all(t > 0 for t in prof.prefill_s)
     assert len(overhead) == 2 * 2 + 2 and all(o >= 0 for _, o in overhead)
+    # the wake-up cost at each idle time: >= 0, and never less after a longer idle
+    assert [i for i, _ in prof.cold] == [0.001, 0.01] and 0 <= prof.cold[0][1] <= prof.cold[1][1]
     # past max_model_len the prompt tokens are split over equal prompts (100 -> 2 x 50)
     assert [r for r, _ in overhead[-2:]] == [1, 2]
     with pytest.raises(ValueError, match="past max_model_len"):
@@ -159,12 +161,12 @@ def test_profile_engine_times_one_group_against_two_on_the_same_batch(monkeypatc
 
     monkeypatch.setattr(paged, "ragged_groups", spy)
     prof, _ = fidelity.profile_engine(batches=(1, 4), contexts=(8, 30), prompts=(4,), steps=2, warmup=2, repeat=1,
-                                      max_model_len=64)
+                                      max_model_len=64, idle=())
     # one group on the prefill, warm-up and alternate timed steps; two on the others
     assert set(seen) == {1, 2} and seen.count(1) > seen.count(2)
     assert np.isfinite(prof.group_s) and prof.group_s >= 0
     small, _ = fidelity.profile_engine(batches=(1, 2), contexts=(8, 30), prompts=(4,), steps=2, warmup=2, repeat=1,
-                                       max_model_len=64)
+                                       max_model_len=64, idle=())
     assert small.group_s == 0.0
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -94,3 +96,32 @@ def test_the_twin_replaying_the_measured_speed_matches_an_engine_that_slowed_dow
     assert all(abs(e) < 1e-9 for k, e in replayed.items() if k != "throughput_rps"), replayed
     profiled = fidelity.compare(rs, real, server, _cost())["error"]
     assert max(abs(e) for e in profiled.values()) > 0.1, profiled
+
+
+def test_the_wake_up_cost_is_interpolated_from_its_points_and_checked():
+    prof = dataclasses.replace(_cost().profile, cold=((0.01, 1e-3), (0.1, 4e-3)))
+    assert prof.cold_at(0.0) == 0.0 and prof.cold_at(0.005) == pytest.approx(0.5e-3)
+    assert prof.cold_at(0.055) == pytest.approx(2.5e-3) and prof.cold_at(5.0) == pytest.approx(4e-3)
+    assert StepProfile.from_dict(prof.to_dict()) == prof
+    other = dataclasses.replace(prof, cold=((0.01, 3e-3), (0.1, 2e-3)))
+    assert StepProfile.merge([prof, other, prof]).cold == prof.cold  # per-point median
+    for bad in (((0.1, 1e-3), (0.01, 2e-3)), ((0.0, 1e-3),), ((0.01, -1e-3),)):
+        with pytest.raises(ValueError, match="cold"):
+            dataclasses.replace(prof, cold=bad)
+    # measured points that make a longer idle cheaper are evened out, as the grid's are
+    fit = StepProfile.from_points([(b, c, 1e-3 * b + 1e-6 * c) for b in (1, 2) for c in (8.0, 64.0)],
+                                  [(1, 1e-3), (64, 2e-3)], 128, cold=[(0.01, 3e-3), (0.1, 1e-3)])
+    assert fit.cold == ((0.01, 2e-3), (0.1, 2e-3))
+
+
+def test_the_first_step_after_the_server_idled_pays_the_wake_up_cost():
+    """Two requests a second apart: the step that starts the second one, after ~1 s of idling,
+    costs the profile's wake-up cost more; no other step does."""
+    cost = _cost()
+    woke = dataclasses.replace(cost, profile=dataclasses.replace(cost.profile, cold=((0.5, 7e-3),)))
+    wl = Workload(np.array([0.0, 1.0]), np.array([20, 20]), np.array([4, 4]), np.zeros(2, dtype=np.int64))
+    server = fidelity.SimServer("continuous", max_batch=8, max_queue=40, kv_tokens=8 * 512, max_len=512)
+    plain, cold = server.run(wl, cost).timeline["dt"], server.run(wl, woke).timeline["dt"]
+    assert len(plain) == len(cold) == 8
+    assert cold[4] == pytest.approx(plain[4] + 7e-3)  # idle 1 s > the last point: flat
+    assert np.allclose(np.delete(cold, 4), np.delete(plain, 4))

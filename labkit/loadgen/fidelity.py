@@ -127,7 +127,8 @@ def measure_engine(model: Any = None, *, batches: Sequence[int] = (1, 4, 8, 16),
 def profile_engine(model: Any = None, *, batches: Sequence[int] = (1, 2, 4, 8, 12, 16),
                    contexts: Sequence[int] = (8, 64, 192, 448), prompts: Sequence[int] = (1, 8, 32, 64, 128, 256, 500, 1000),
                    steps: int = 10, warmup: int = 20, repeat: int = 5, threads: int | None = 1, block_size: int = 16,
-                   max_model_len: int = 512) -> tuple[StepProfile, list[tuple[int, float]]]:
+                   max_model_len: int = 512, idle: Sequence[float] = (0.005, 0.02, 0.05, 0.2),
+                   cold_prompt: int = 32) -> tuple[StepProfile, list[tuple[int, float]]]:
     """The per-step model's grid, measured on `labkit.serve.engine.Engine.step()` in process (no
     HTTP), with the engine's own timers: each step's model passes (forward + sampling) give the
     grid's times; the rest of the step is the engine's CPU overhead, returned beside it.
@@ -146,6 +147,9 @@ def profile_engine(model: Any = None, *, batches: Sequence[int] = (1, 2, 4, 8, 1
     by b / 2, nothing else does); the median over (b, c) points of the median two-group step
     minus the median one-group step (>= 0). Not from the grid: a difference of grid points
     carries the grid's noise and its interpolation error, which are larger than a group.
+    The profile's `cold` points: for each `idle` time (s), a `cold_prompt`-token prompt step run
+    after sleeping that long, against the same step run back to back just before it (the median
+    difference over 2 x `repeat` pairs, >= 0): what waking up costs a server that idled.
 
     Returns (profile, overhead rows (rows in the step, engine overhead s per step))."""
     import torch
@@ -203,8 +207,19 @@ def profile_engine(model: Any = None, *, batches: Sequence[int] = (1, 2, 4, 8, 1
                 times.append(timed_step(eng))  # admit, prefill, emit the only token, finish
             prefill.append((n * (p // n), float(np.median([m for m, _ in times[1:]]))))
             overhead.append((n, float(np.median([o for _, o in times[1:]]))))
+        eng, cold = engine(1), []
+        for pause in idle:
+            pairs = []
+            for _ in range(2 * repeat + 1):
+                for _ in range(3):  # back to back: the last of three is the warm step
+                    eng.submit(ids(cold_prompt), 1, ignore_eos=True)
+                    warm = timed_step(eng)[0]
+                eng.submit(ids(cold_prompt), 1, ignore_eos=True)
+                time.sleep(pause)
+                pairs.append((warm, timed_step(eng)[0]))
+            cold.append((pause, max(float(np.median([c - w for w, c in pairs[1:]])), 0.0)))
     source = f"labkit engine alone on {platform.node() or 'this machine'}, {used} torch thread(s)"
-    profile = StepProfile.from_points(decode, prefill, max_model_len, source=source)
+    profile = StepProfile.from_points(decode, prefill, max_model_len, source=source, cold=cold)
     if split:
         profile = dataclasses.replace(profile, group_s=max(float(np.median(split)), 0.0))
     return profile, overhead

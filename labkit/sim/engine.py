@@ -11,8 +11,10 @@ the KV its engine reads in groups by length and the time the extra groups add
 (labkit's paged batch: `labkit.ragged`); that costs O(distinct contexts) per step.
 
 Time only moves when a step runs (by its cost) or when the server idles to the next
-arrival or timer. Each step: every running sequence past its prompt decodes one token,
-and the prompt tokens the policy planned are processed. The policy is consulted only
+arrival or timer; a cost model with an `after_idle(idle_s)` method adds what it returns to the
+first step after an idle spell (a CPU engine wakes up cold). Each step: every running
+sequence past its prompt decodes one token, and the prompt tokens the policy planned are
+processed. The policy is consulted only
 when something changed (an arrival, a completion, a preemption, a timer, an unfinished
 prompt); in between, decode-only steps run in a tight loop. That loop is the hot path:
 it does O(1) work per step (completions come off a heap keyed by step number; paged-KV
@@ -102,6 +104,7 @@ class Simulator:
         self._max_tokens, self._cls = workload.output.tolist(), workload.cls.tolist()
         self._priority = [c.priority for c in workload.classes]  # by class
         self.next_arrival = 0  # index of the first request not yet handed to the policy
+        self.idle_s = 0.0  # how long the server has idled since its last step (s)
 
     # ---------------------------------------------------------------- the policy's handles
 
@@ -195,6 +198,7 @@ class Simulator:
         changes (arrivals, idling, preemption, prompt completion, finishing) is a method."""
         kv, phase, heap, step_time, policy = self.kv, self.phase, self.heap, self.cost.step_time, self.policy
         plan_time, padded, grouped = getattr(self.cost, "plan_time", None), self.padded, self.grouped
+        after_idle = getattr(self.cost, "after_idle", None)  # a step after idling costs more, if measured
         paged, n_phases, max_steps, speed = kv.paged, len(self.phase), self.max_steps, self.speed
         t_app, dt_app, dec_app, pre_app, chunk_app, bat_app, kvb_app, kvt_app = self._record
         heappop, inf = heapq.heappop, math.inf
@@ -210,6 +214,8 @@ class Simulator:
                     return Result.build(self)
                 continue
             until = next_arrival if wake is None or wake > next_arrival else wake  # then replan
+            cold = after_idle(self.idle_s) if after_idle is not None and self.idle_s > 0 else 0.0
+            self.idle_s = 0.0
             # ---- steps: the first may carry prompt tokens; then decode-only until something changes
             while True:
                 if paged and self.n_decode:
@@ -232,6 +238,9 @@ class Simulator:
                     dt = plan_time(decoding, [k for _, k in plan], read) + extra
                 else:
                     dt = step_time(decoding, prompt_tokens, read) + extra
+                if cold:  # the first step after the server idled
+                    dt += cold
+                    cold = 0.0
                 if speed is not None:  # the machine's measured speed at this moment (1: the cost model's)
                     dt *= speed(self.now)
                 self.now += dt
@@ -289,6 +298,7 @@ class Simulator:
                 raise RuntimeError(f"deadlock: {self.policy.waiting} waiting, {len(self.running)} running, "
                                    "nothing schedulable")
             return False
+        self.idle_s += max(nxt - self.now, 0.0)
         self.now = max(self.now, nxt)
         return True
 

@@ -94,7 +94,9 @@ class StepProfile:
     prompts: prompt tokens of a prefill pass, ascending, >= 1; prefill_s[k]: its time.
     max_context: the longest context per sequence (tokens) the profile answers for (the
     server's max_model_len). group_s: what one more read group adds to a decode pass (s), for
-    an engine that reads rows in groups by length (`labkit.ragged`); 0 if not measured."""
+    an engine that reads rows in groups by length (`labkit.ragged`); 0 if not measured. cold:
+    (idle s, extra s) points, what the first step after the engine idled that long costs more
+    than one run back to back (caches and the vCPU go cold while it sleeps); () if not measured."""
 
     batches: tuple[int, ...]
     contexts: tuple[float, ...]
@@ -104,6 +106,7 @@ class StepProfile:
     max_context: int
     source: str = ""
     group_s: float = 0.0
+    cold: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("batches", "contexts", "prompts"):
@@ -120,18 +123,24 @@ class StepProfile:
             raise ValueError("every profiled time must be a finite number of seconds > 0")
         if not (self.group_s >= 0 and np.isfinite(self.group_s)):
             raise ValueError(f"StepProfile.group_s must be a finite number of seconds >= 0, got {self.group_s!r}")
+        idle = [i for i, _ in self.cold]
+        if any(not (i > 0 and e >= 0 and np.isfinite(e)) for i, e in self.cold) or idle != sorted(set(idle)):
+            raise ValueError(f"StepProfile.cold must be (idle s > 0, extra s >= 0) points in ascending idle, "
+                             f"got {self.cold!r}")
         if self.max_context < self.contexts[-1]:
             raise ValueError(f"max_context={self.max_context} is below the last profiled context {self.contexts[-1]}")
 
     @classmethod
     def from_points(cls, decode: Sequence[tuple[int, float, float]], prefill: Sequence[tuple[int, float]],
-                    max_context: int, source: str = "", group_s: float = 0.0) -> "StepProfile":
+                    max_context: int, source: str = "", group_s: float = 0.0,
+                    cold: Sequence[tuple[float, float]] = ()) -> "StepProfile":
         """A profile from measured points: `decode` rows (batch, mean context per sequence, s) on a
         full batch x context grid (rows of one batch share its context values up to rounding:
         each context column is the mean of its row values), `prefill` rows (prompt tokens, s).
         Measurement noise that makes more work cheaper is removed (the least-squares
         non-decreasing fit along each axis, `isotonic`), so the model never predicts a faster
-        step for a bigger batch, a longer context or a longer prompt. `group_s` (s, >= 0): see the class."""
+        step for a bigger batch, a longer context or a longer prompt, nor a cheaper wake-up after a
+        longer idle. `group_s` (s, >= 0) and `cold` ((idle s, extra s) points): see the class."""
         batches = sorted({int(b) for b, _, _ in decode})
         by_batch = {b: sorted((c, t) for bb, c, t in decode if bb == b) for b in batches}
         n_ctx = {len(v) for v in by_batch.values()}
@@ -143,7 +152,8 @@ class StepProfile:
         pre = sorted((int(p), float(t)) for p, t in prefill)
         pre_s = isotonic([t for _, t in pre])
         return cls(tuple(batches), tuple(float(c) for c in contexts), tuple(tuple(map(float, r)) for r in grid),
-                   tuple(p for p, _ in pre), tuple(map(float, pre_s)), int(max_context), source, float(group_s))
+                   tuple(p for p, _ in pre), tuple(map(float, pre_s)), int(max_context), source, float(group_s),
+                   tuple(zip((float(i) for i, _ in sorted(cold)), map(float, isotonic([e for _, e in sorted(cold)])))))
 
     @classmethod
     def merge(cls, profiles: Sequence["StepProfile"], source: str = "") -> "StepProfile":
@@ -159,7 +169,7 @@ class StepProfile:
         return cls.from_points([(b, c, float(dec[i, j])) for i, b in enumerate(first.batches)
                                 for j, c in enumerate(first.contexts)],
                                list(zip(first.prompts, map(float, pre))), first.max_context, source or first.source,
-                               float(np.median([p.group_s for p in profiles])))
+                               float(np.median([p.group_s for p in profiles])), _merge_cold(profiles))
 
     def decode_at(self, batch: float, context: float) -> float:
         """Decode pass time (s) of `batch` sequences holding `context` KV tokens each (mean)."""
@@ -185,7 +195,23 @@ class StepProfile:
     def from_dict(cls, d: dict[str, Any]) -> "StepProfile":
         return cls(tuple(d["batches"]), tuple(d["contexts"]), tuple(tuple(r) for r in d["decode_s"]),
                    tuple(d["prompts"]), tuple(d["prefill_s"]), int(d["max_context"]), d.get("source", ""),
-                   float(d.get("group_s", 0.0)))
+                   float(d.get("group_s", 0.0)), tuple(tuple(map(float, c)) for c in d.get("cold", ())))
+
+    def cold_at(self, idle_s: float) -> float:
+        """What the first step after `idle_s` s of idling costs more than a step run back to back
+        (s): linear between the measured points from (0, 0), flat past the last; 0 if unmeasured."""
+        if not self.cold or idle_s <= 0:
+            return 0.0
+        return float(np.interp(idle_s, [0.0, *(i for i, _ in self.cold)], [0.0, *(e for _, e in self.cold)]))
+
+
+def _merge_cold(profiles: Sequence[StepProfile]) -> tuple[tuple[float, float], ...]:
+    """The per-point median of the profiles' `cold` points (those measured at the same idle times)."""
+    idle = [tuple(i for i, _ in p.cold) for p in profiles if p.cold]
+    if not idle or any(i != idle[0] for i in idle):
+        return next((p.cold for p in profiles if p.cold), ())
+    extra = np.median([[e for _, e in p.cold] for p in profiles if p.cold], axis=0)
+    return tuple(zip(idle[0], map(float, extra)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,6 +268,10 @@ class StepCost:
         return (self.overhead_s + self.overhead_per_row_s * (decode_batch + (1 if prefill_tokens else 0))
                 + self.serving_factor * model)
 
+    def after_idle(self, idle_s: float) -> float:
+        """What the first step after the engine idled `idle_s` s costs more (s): `StepProfile.cold_at`."""
+        return self.serving_factor * self.profile.cold_at(idle_s)
+
     def decode_read(self, contexts: Sequence[int]) -> tuple[int, float]:
         """How the engine reads decoders holding `contexts` KV tokens each (before this step's
         token): grouped by length as labkit's paged batch groups them (`labkit.ragged`, each
@@ -289,4 +319,6 @@ class StepCost:
                 f"{p.prompts[-1]} tokens; engine overhead {1e3 * self.overhead_s:.2f} ms + "
                 f"{1e3 * self.overhead_per_row_s:.3f} ms/row per step; {1e3 * self.request_s:.1f} ms per request"
                 + (f" ({1e3 * self.first_token_s:.1f} ms before its first token)" if self.first_token_s is not None
-                   else "") + (f"; model passes x {self.serving_factor:.2f}" if self.serving_factor != 1 else ""))
+                   else "") + (f"; model passes x {self.serving_factor:.2f}" if self.serving_factor != 1 else "")
+                + ("; the first step after idling " + ", ".join(f"{1e3 * i:g} ms: +{1e3 * e:.1f} ms" for i, e in p.cold)
+                   if p.cold else ""))
