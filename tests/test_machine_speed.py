@@ -125,3 +125,20 @@ def test_the_first_step_after_the_server_idled_pays_the_wake_up_cost():
     assert len(plain) == len(cold) == 8
     assert cold[4] == pytest.approx(plain[4] + 7e-3)  # idle 1 s > the last point: flat
     assert np.allclose(np.delete(cold, 4), np.delete(plain, 4))
+
+
+def test_a_step_after_an_idle_gap_is_priced_with_the_wake_up_cost():
+    """The trace's own gaps say which steps woke the engine: the step after a 0.3 s gap is priced
+    with the wake-up cost, so an engine that paid exactly that reads as running at x1."""
+    cost = _cost()
+    woke = dataclasses.replace(cost, profile=dataclasses.replace(cost.profile, cold=((0.1, 5e-3),)))
+    # 5 ms steps every 10 ms, and 0.35 s more before step 25
+    steps = [s._replace(t=i * 0.01 + (0.35 if i >= 25 else 0.0), step_s=0.005)
+             for i, s in enumerate(_steps(50, 1.0, lambda t: 1.0, seed=2))]
+    plain, with_cold = priced(steps, cost), priced(steps, woke)
+    gap = steps[25].t - steps[24].t - steps[24].step_s
+    assert with_cold[25] - plain[25] == pytest.approx(woke.profile.cold_at(gap)) and gap > 0.1
+    # every other step has a 5 ms gap: half of the 0.1 s point's slope
+    assert np.allclose(np.delete(with_cold - plain, 25)[1:], woke.profile.cold_at(0.005))
+    paid = [s._replace(model_s=float(p)) for s, p in zip(steps, with_cold)]
+    assert measure_speed(paid, woke, 0.0, min_steps=1).overall == pytest.approx(1.0)

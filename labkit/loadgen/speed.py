@@ -23,7 +23,8 @@ from labkit.sim.stepcost import StepCost
 
 def priced(steps: Sequence[Step], cost: StepCost) -> np.ndarray:
     """The model time (s) `cost`'s profile gives each of `steps` (no engine overhead, no serving
-    factor): prompt chunks laid out as the engine runs them, decoders read in its groups."""
+    factor): prompt chunks laid out as the engine runs them, decoders read in its groups, and the
+    wake-up cost of a step that started after the engine idled (since the previous step ended)."""
     bare = dataclasses.replace(cost, overhead_s=0.0, overhead_per_row_s=0.0, serving_factor=1.0)
     out = np.empty(len(steps))
     for i, s in enumerate(steps):
@@ -32,6 +33,8 @@ def priced(steps: Sequence[Step], cost: StepCost) -> np.ndarray:
             out[i] = bare.plan_time(len(s.contexts), s.chunks, read + sum(s.chunks)) + extra
         else:
             out[i] = bare.step_time(len(s.contexts), 0, read) + extra
+        if i:
+            out[i] += bare.after_idle(s.t - steps[i - 1].t - steps[i - 1].step_s)
     return out
 
 
