@@ -248,6 +248,21 @@ def test_engine_timers_split_each_step_into_model_and_overhead(tiny):
     assert metrics_mod.engine_timers(before, before)["steps"] == 0
 
 
+def test_the_loop_between_busy_steps_is_timed_and_idle_is_not(tiny):
+    """The time from a step that leaves sequences running to the next step is the loop's (here
+    5 ms of sleep per iteration, as a slow IPC would take); after the last sequence finishes the
+    engine idles, and that wait is not counted."""
+    eng = _engine(tiny, max_batch=2)
+    eng.submit(TOK.encode(PROMPTS[0]), 6, ignore_eos=True)
+    while eng.step():
+        time.sleep(0.005)
+    time.sleep(0.2)  # idle: nothing running
+    eng.submit(TOK.encode(PROMPTS[1]), 1, ignore_eos=True)
+    eng.step()
+    loop = eng.metrics.counters["engine_loop_seconds"]
+    assert 5 * 0.005 <= loop < 5 * 0.005 + 0.1  # five gaps between six busy steps, not the 0.2 s idle
+
+
 def test_the_step_trace_holds_every_step_with_its_composition(tiny, tmp_path):
     """Two slots, three prompts: the trace has a line per step, in time order; the prompt steps
     carry the prompts' lengths (two together, then one) and the decode steps their rows' contexts

@@ -285,7 +285,8 @@ def measure_overhead(url: str, *, concurrencies: Sequence[int] = (1, 4, 8, 16), 
 
     Per concurrency `c`: a closed loop of `c` users (`rounds` rounds of `prompt`-token prompts,
     `output` tokens); its steps' mean rows (tokens generated / steps: each row of a step emits
-    one token) and overhead per step (s). A line overhead = base + per_row x rows is fitted
+    one token) and overhead per step (s: the engine's CPU work in the step plus the loop's
+    between busy steps, `engine_timers` overhead_s + loop_s). A line overhead = base + per_row x rows is fitted
     through them (both >= 0). Then `spaced` requests 0.25 s apart: the median of E2E minus the
     server's queue + prefill + decode spans is `request_s` (tokenize, parsing, post-processing,
     the hop between processes, the wire); the median of TTFT minus queue + prefill is
@@ -311,7 +312,8 @@ def measure_overhead(url: str, *, concurrencies: Sequence[int] = (1, 4, 8, 16), 
         if not any(r.ok for r in res.measured):
             raise RuntimeError(f"overhead calibration at concurrency {c}: no request completed")
         t = step_figures(before, after)
-        rows.append((t["rows"], t["overhead_s"], t["step_s"], t["model_s"], int(t["steps"])))
+        # what a step costs besides its model passes: the engine's own work and the loop's between steps
+        rows.append((t["rows"], t["overhead_s"] + t["loop_s"], t["step_s"], t["model_s"], int(t["steps"])))
         runs.append((res.records, t))
     x, y = np.array([r[0] for r in rows]), np.array([r[1] for r in rows])
     per_row, base = np.polyfit(x, y, 1) if len(rows) > 1 and np.ptp(x) > 0 else (0.0, float(y.mean()))
@@ -574,18 +576,20 @@ def format_step_figures(real: dict[str, dict[str, float]], sim: dict[str, dict[s
     steps, ms per step (real: model + overhead), rows per step, and the steps that carried prompts
     apart (how many, ms each, prompts each) from the decode-only ones (ms each)."""
     head = f"{'steps':>7}{'ms':>7}{'rows':>6}{'prompt steps':>13}{'ms':>7}{'prompts':>8}{'decode ms':>10}"
-    lines = [f"{'':<12}{'real (engine timers)':^57} {'twin (same trace)':^57}",
-             f"{'load':<12}{head}{'model':>7}{'ovh':>7} {head}{'step err':>9}{'cores: ours/others/steal':>27}"]
+    lines = [f"{'':<12}{'real (engine timers)':^64} {'twin (same trace)':^57}",
+             f"{'load':<12}{head}{'model':>7}{'ovh':>7}{'loop':>7} {head}{'step err':>9}{'cores: ours/others/steal':>27}"]
     part = lambda f: (f"{f['steps']:>7.0f}{1e3 * f['step_s']:>7.2f}{f['rows']:>6.1f}{f.get('prompt_steps', math.nan):>13.0f}"  # noqa: E731
                       f"{1e3 * f.get('prompt_step_s', math.nan):>7.2f}{f.get('chunks', math.nan):>8.2f}"
                       f"{1e3 * f.get('decode_step_s', math.nan):>10.2f}")
     for lv, r in real.items():
         s = sim[lv]
         cpu = (f"{r['cpu_ours']:6.2f} /{r['cpu_others']:5.2f} /{r['cpu_steal']:5.2f}" if "cpu_ours" in r else "")
-        lines.append(f"{lv:<12}{part(r)}{1e3 * r['model_s']:>7.2f}{1e3 * r['overhead_s']:>7.3f} {part(s)}"
+        lines.append(f"{lv:<12}{part(r)}{1e3 * r['model_s']:>7.2f}{1e3 * r['overhead_s']:>7.3f}"
+                     f"{1e3 * r.get('loop_s', math.nan):>7.3f} {part(s)}"
                      f"{100 * (s['step_s'] / r['step_s'] - 1):>+8.0f}%{cpu:>27}")
     lines.append("(ms per step; rows: decoders + prompts per step; prompt steps: the steps that carried prompt "
-                 "tokens, with their prompts each; ovh: the engine's CPU work per step; cores: this load generator + "
+                 "tokens, with their prompts each; ovh: the engine's CPU work per step; loop: the loop's between busy "
+                 "steps (the twin's steps include both); cores: this load generator + "
                  "the server, every other process, the hypervisor's steal)")
     return "\n".join(lines)
 

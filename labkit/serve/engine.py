@@ -256,6 +256,7 @@ class Engine:
         self._model_s = 0.0  # this step's model passes so far (s)
         self.failure: str | None = None  # why this engine can serve no more (None: it can); see labkit.serve.core
         self.trace = StepTraceWriter(cfg.step_trace) if cfg.step_trace else None
+        self._busy_end: float | None = None  # when the last step ended, if sequences were still running
 
     # ================================================================ any thread
     def submit(self, prompt_ids: Sequence[int], max_tokens: int, *, temperature: float = 0.0, top_p: float = 1.0,
@@ -351,7 +352,9 @@ class Engine:
         when the policy wants to be asked again, or None). A step that ran rows adds its time
         and its model passes' time (forward + sampling, until the tokens are on the host) to the
         engine's timers (`Metrics` engine_step_seconds, engine_model_seconds): the rest is the
-        engine's own CPU work per step (policy, blocks, bookkeeping, events)."""
+        engine's own CPU work per step (policy, blocks, bookkeeping, events). engine_loop_seconds
+        adds the time from the end of a step that left sequences running to the start of the next:
+        what the loop that calls `step()` spends between steps (the core process's IPC)."""
         t_step = time.perf_counter()
         self._model_s = 0.0
         self.now = started = time.monotonic()
@@ -380,6 +383,8 @@ class Engine:
             dt = time.perf_counter() - t_step
             self.metrics.add("engine_model_seconds", self._model_s)
             self.metrics.add("engine_step_seconds", dt)
+            if self._busy_end is not None:  # the loop around the engine between two busy steps
+                self.metrics.add("engine_loop_seconds", t_step - self._busy_end)
             chunks = sum(1 for _, k in rows if k)
             if chunks:  # a step that carried prompt tokens: how many prompts, and what it cost
                 self.metrics.add("prompt_steps")
@@ -388,6 +393,9 @@ class Engine:
             if self.trace is not None:
                 self.trace.write(started, dt, self._model_s, [k for _, k in rows if k], contexts)
         self._flush()
+        # Sequences still running: the next step is due at once, and the time until it starts is
+        # the loop's (the core's IPC, the listener), which a twin must add to every step.
+        self._busy_end = time.perf_counter() if rows and self.running else None
         return bool(rows)
 
     def safe_step(self) -> bool:

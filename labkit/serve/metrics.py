@@ -44,6 +44,9 @@ COUNTERS = {"prompt_tokens": "vllm:prompt_tokens_total", "generation_tokens": "v
             # model passes (forward + sampling); the difference is the engine's CPU work per step
             "engine_step_seconds": "labkit_engine_step_seconds_total",
             "engine_model_seconds": "labkit_engine_model_seconds_total",
+            # from the end of a step that left sequences running to the next step's start (s): the
+            # loop around the engine (in the core process: taking requests, sending outputs)
+            "engine_loop_seconds": "labkit_engine_loop_seconds_total",
             # the steps that carried prompt tokens: how many, the prompt chunks they ran, their time (s)
             "prompt_steps": "labkit_engine_prompt_steps_total",
             "prompt_chunks": "labkit_engine_prompt_chunks_total",
@@ -223,17 +226,19 @@ def histogram_quantile(samples: dict[str, float], name: str, q: float) -> float:
 def engine_timers(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """What the engine's own timers say about the steps between two parsed expositions: steps,
     and per step (s) the whole step, its model passes, and the rest (`overhead_s`: policy,
-    blocks, bookkeeping, events: the CPU cost per step a simulated twin adds to the model's);
+    blocks, bookkeeping, events: the CPU cost per step a simulated twin adds to the model's) and
+    the loop's between busy steps (`loop_s`: in the core process, its IPC; a twin adds it too);
     then the steps that carried prompt tokens apart: how many (`prompt_steps`), their mean time
     (`prompt_step_s`, s), prompts per such step (`chunks`), and the decode-only steps' mean time
     (`decode_step_s`, s)."""
-    keys = ("steps", "engine_step_seconds", "engine_model_seconds", "prompt_steps", "prompt_chunks",
-            "prompt_step_seconds")
+    keys = ("steps", "engine_step_seconds", "engine_model_seconds", "engine_loop_seconds", "prompt_steps",
+            "prompt_chunks", "prompt_step_seconds")
     d = {k: sample(after, COUNTERS[k]) - sample(before, COUNTERS[k]) for k in keys}
     n, p = d["steps"], d["prompt_steps"]
     ratio = lambda a, b: a / b if b > 0 else math.nan  # noqa: E731
     return {"steps": n, "step_s": ratio(d["engine_step_seconds"], n), "model_s": ratio(d["engine_model_seconds"], n),
             "overhead_s": ratio(d["engine_step_seconds"] - d["engine_model_seconds"], n),
+            "loop_s": ratio(d["engine_loop_seconds"], n),
             "prompt_steps": p, "prompt_step_s": ratio(d["prompt_step_seconds"], p),
             "chunks": ratio(d["prompt_chunks"], p),
             "decode_step_s": ratio(d["engine_step_seconds"] - d["prompt_step_seconds"], n - p)}
