@@ -23,6 +23,7 @@ Everything runs on loopback; ``--json PATH`` writes the figures with the machine
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -32,6 +33,7 @@ import psutil
 from labkit.benches import kit
 from labkit.loadgen import experiments as ex
 from labkit.loadgen.bisect import ratio_bracket
+from labkit.loadgen.client import LoadResult
 from labkit.loadgen import fidelity
 from labkit.loadgen.speed import format_model_errors, measure_speed, model_errors
 from labkit.serve.steptrace import read_steps
@@ -40,7 +42,7 @@ from labkit.sim.stepcost import StepProfile
 TOLERANCE = 0.15  # the twin's cells judged within +-15 % (issue 28's acceptance)
 
 
-def _first_send(res) -> float:
+def _first_send(res: LoadResult) -> float:
     """The first measured request's send time (s since the run started): the twin's time 0."""
     return min(r.send_s for r in res.records if not r.warmup)
 
@@ -115,6 +117,7 @@ def body(quick: bool, seed: int) -> dict:
     alone_speed = dataclasses.replace(step_cost, serving_factor=1.0)
     # How fast the machine ran each run's steps, from the engine's step trace (no latency in it)
     run_steps = {lv: read_steps(trace, res.started, res.started + res.wall_s) for lv, res in levels.items()}
+    shutil.rmtree(trace.parent, ignore_errors=True)
     speeds = {lv: measure_speed(run_steps[lv], alone_speed, levels[lv].started + _first_send(levels[lv]))
               for lv in levels}
     p0 = profile
