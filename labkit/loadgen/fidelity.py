@@ -586,10 +586,10 @@ def format_step_figures(real: dict[str, dict[str, float]], sim: dict[str, dict[s
         cpu = (f"{r['cpu_ours']:6.2f} /{r['cpu_others']:5.2f} /{r['cpu_steal']:5.2f}" if "cpu_ours" in r else "")
         lines.append(f"{lv:<12}{part(r)}{1e3 * r['model_s']:>7.2f}{1e3 * r['overhead_s']:>7.3f}"
                      f"{1e3 * r.get('loop_s', math.nan):>7.3f} {part(s)}"
-                     f"{100 * (s['step_s'] / r['step_s'] - 1):>+8.0f}%{cpu:>27}")
+                     f"{100 * (s['step_s'] / (r['step_s'] + r.get('loop_s', 0.0)) - 1):>+8.0f}%{cpu:>27}")
     lines.append("(ms per step; rows: decoders + prompts per step; prompt steps: the steps that carried prompt "
                  "tokens, with their prompts each; ovh: the engine's CPU work per step; loop: the loop's between busy "
-                 "steps (the twin's steps include both); cores: this load generator + "
+                 "steps (the twin's steps include both: step err compares them with real ms + loop); cores: this load generator + "
                  "the server, every other process, the hypervisor's steal)")
     return "\n".join(lines)
 
