@@ -138,8 +138,9 @@ def profile_engine(model: Any = None, *, batches: Sequence[int] = (1, 2, 4, 8, 1
     mean over the timed steps). The warm-up is long because on our VMs a decode loop runs 5-15 %
     slow for its first ~20 steps after anything else held the CPU (a prefill, engine set-up,
     even 30 ms of plain Python), and a server under load decodes mostly in that loop's steady
-    state: its prompt steps are one prompt, not the profile's b x c tokens. Prefill points: `p` prompt tokens in one step (one prompt, or
-    several of equal length past `max_model_len`), 1 output token, median of `repeat`.
+    state: its prompt steps are one prompt, not the profile's b x c tokens. Prefill points: `p`
+    prompt tokens in one step (one prompt, or several of equal length past `max_model_len`),
+    1 output token, median of `repeat`.
     `threads`: torch intra-op threads while timing (the server runs with 1); restored afterwards.
     The profile's `group_s`, what one more read group adds to a decode pass, side by side on
     the same batch: `b` >= 4 rows, half one token longer than the other half, decoded with the
@@ -286,8 +287,8 @@ def measure_overhead(url: str, *, concurrencies: Sequence[int] = (1, 4, 8, 16), 
     Per concurrency `c`: a closed loop of `c` users (`rounds` rounds of `prompt`-token prompts,
     `output` tokens); its steps' mean rows (tokens generated / steps: each row of a step emits
     one token) and overhead per step (s: the engine's CPU work in the step plus the loop's
-    between busy steps, `engine_timers` overhead_s + loop_s). A line overhead = base + per_row x rows is fitted
-    through them (both >= 0). Then `spaced` requests 0.25 s apart: the median of E2E minus the
+    between busy steps, `engine_timers` overhead_s + loop_s). A line overhead = base + per_row
+    x rows is fitted through them (both >= 0). Then `spaced` requests 0.25 s apart: the median of E2E minus the
     server's queue + prefill + decode spans is `request_s` (tokenize, parsing, post-processing,
     the hop between processes, the wire); the median of TTFT minus queue + prefill is
     `first_token_s` (the same, up to the first token: no post-processing).

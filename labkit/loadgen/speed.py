@@ -55,10 +55,6 @@ class MeasuredSpeed:
             return self.overall
         return self.factors[min(max(int(t // self.window_s), 0), len(self.factors) - 1)]
 
-    def describe(self) -> str:
-        lo, hi = (min(self.factors), max(self.factors)) if self.factors else (self.overall, self.overall)
-        return f"x {self.overall:.2f} over the run ({lo:.2f}-{hi:.2f} in {len(self.factors)} windows of {self.window_s:g} s)"
-
 
 def measure_speed(steps: Sequence[Step], cost: StepCost, t0: float, window_s: float = 1.0,
                   min_steps: int = 20) -> MeasuredSpeed:

@@ -14,11 +14,11 @@ Time only moves when a step runs (by its cost) or when the server idles to the n
 arrival or timer; a cost model with an `after_idle(idle_s)` method adds what it returns to the
 first step after an idle spell (a CPU engine wakes up cold). Each step: every running
 sequence past its prompt decodes one token, and the prompt tokens the policy planned are
-processed. The policy is consulted only
-when something changed (an arrival, a completion, a preemption, a timer, an unfinished
-prompt); in between, decode-only steps run in a tight loop. That loop is the hot path:
-it does O(1) work per step (completions come off a heap keyed by step number; paged-KV
-growth is counted per residue class of context length mod block size, not per sequence).
+processed. The policy is consulted only when something changed (an arrival, a completion, a
+preemption, a timer, an unfinished prompt); in between, decode-only steps run in a tight loop.
+That loop is the hot path: it does O(1) work per step (completions come off a heap keyed by
+step number; paged-KV growth is counted per residue class of context length mod block size,
+not per sequence).
 """
 
 from __future__ import annotations
