@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from labkit.loadgen.bisect import p99_confidence, rate_at_target, ratio_bracket
+from labkit.loadgen.bisect import bisection, p99_confidence, rate_at_target, ratio_bracket, take_turns
 
 
 def knee_server(crossing: float, target: float, seed: int = 0):
@@ -74,3 +74,31 @@ def test_requests_that_never_completed_make_an_infinite_p99_not_nan():
     p, meets, conf = p99_confidence(e, 10.0)
     assert p == np.inf and not meets and conf > 0.9
     assert p99_confidence(np.r_[np.ones(995), np.full(5, np.inf)], 10.0)[1]  # 0.5% lost: p99 still finite
+
+
+def test_searches_taking_turns_alternate_probes_and_find_what_each_finds_alone():
+    """Two searches on one machine: their probes alternate (A, B, A, B, ... until one is done) and
+    each ends with the very bracket and probes it finds run alone."""
+    calls = []
+
+    def logged(name, measure):
+        def m(rate):
+            calls.append(name)
+            return measure(rate)
+        return m
+
+    args = {"static": (1.5, 0.5, 6.0), "continuous": (5.0, 0.5, 20.0)}  # crossing, lo, hi
+    alone = {k: rate_at_target(knee_server(c, 1.0), 1.0, lo, hi, rel_tol=0.05, max_probes=9)
+             for k, (c, lo, hi) in args.items()}
+    turns = take_turns({k: (bisection(1.0, lo, hi, rel_tol=0.05, max_probes=9), logged(k, knee_server(c, 1.0)))
+                        for k, (c, lo, hi) in args.items()})
+    for k in args:
+        assert turns[k]["bracket"] == alone[k]["bracket"] and turns[k]["probes"] == alone[k]["probes"]
+    n = min(len(alone[k]["probes"]) for k in args)
+    assert calls[: 2 * n] == ["static", "continuous"] * n
+    assert len(calls) == sum(len(alone[k]["probes"]) for k in args)
+
+
+def test_a_bad_search_is_refused_before_any_probe():
+    with pytest.raises(ValueError, match="lo < hi"):
+        bisection(1.0, 2.0, 1.0)

@@ -263,6 +263,23 @@ def test_the_loop_between_busy_steps_is_timed_and_idle_is_not(tiny):
     assert 5 * 0.005 <= loop < 5 * 0.005 + 0.1  # five gaps between six busy steps, not the 0.2 s idle
 
 
+def test_a_prompts_first_token_is_stamped_when_its_step_ends(tiny):
+    """Two decoders and a long prompt: the step runs the prompt's pass, then the decoders' (one
+    padded pass would waste more than it saves). Its tokens leave together when the step ends,
+    so the prompt's first token carries the same time as the decoders' tokens: its prefill span
+    holds the decode pass after it, as the client sees (stamped after its own pass, it was
+    earlier by that pass, and a twin's prefill looked slower than the server's)."""
+    eng = _engine(tiny, max_batch=3)
+    decoders = [eng.submit(TOK.encode(p), 8, ignore_eos=True) for p in PROMPTS[:2]]
+    eng.step()  # both prefill together
+    eng.step()  # both decode
+    prompt = eng.submit(TOK.encode(" ".join(PROMPTS)), 4, ignore_eos=True)
+    eng.step()
+    assert len(prompt.generated_ids) == 1 and all(len(r.generated_ids) == 3 for r in decoders)
+    assert prompt.t_first == decoders[0].t_last == decoders[1].t_last
+    assert prompt.t_first > prompt.t_admit
+
+
 def test_the_step_trace_holds_every_step_with_its_composition(tiny, tmp_path):
     """Two slots, three prompts: the trace has a line per step, in time order; the prompt steps
     carry the prompts' lengths (two together, then one) and the decode steps their rows' contexts

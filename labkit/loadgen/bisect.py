@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Generator
 
 import numpy as np
 
@@ -61,6 +61,17 @@ def rate_at_target(measure: Measure, target_s: float, lo: float, hi: float, rel_
     Returns rate (highest meeting rate, NaN if none met), throughput there, bracket (meeting,
     missing rates; NaN where not found), confidence (the lower of the two ends' bootstrap
     confidences) and every probe in the order run."""
+    return take_turns({"": (bisection(target_s, lo, hi, rel_tol, max_probes, seed), measure)})[""]
+
+
+Search = Generator[float, Any, dict[str, Any]]
+
+
+def bisection(target_s: float, lo: float, hi: float, rel_tol: float = 0.1, max_probes: int = 10,
+              seed: int = 0) -> Search:
+    """`rate_at_target`'s search as a generator: it yields the next rate to probe (requests/s),
+    is sent what the measure returned for it, and returns `rate_at_target`'s dict. Arguments are
+    checked here, before any probe."""
     if not (target_s > 0 and math.isfinite(target_s)):
         raise ValueError(f"target_s must be a finite number of seconds > 0, got {target_s!r}")
     if not (0 < lo < hi and math.isfinite(hi)):
@@ -69,10 +80,14 @@ def rate_at_target(measure: Measure, target_s: float, lo: float, hi: float, rel_
         raise ValueError(f"rel_tol must be > 0, got {rel_tol!r}")
     if not (isinstance(max_probes, int) and max_probes >= 2):
         raise ValueError(f"max_probes must be an integer >= 2, got {max_probes!r}")
+    return _bisect(target_s, lo, hi, rel_tol, max_probes, seed)
+
+
+def _bisect(target_s: float, lo: float, hi: float, rel_tol: float, max_probes: int, seed: int) -> Search:
     probes: list[Probe] = []
 
-    def probe(rate: float) -> Probe:
-        got = measure(rate)
+    def probe(rate: float) -> Generator[float, Any, Probe]:
+        got = yield rate
         e2e, tput = got if isinstance(got, tuple) else (got, math.nan)
         p, meets, conf = p99_confidence(np.asarray(e2e, float), target_s, seed=seed + len(probes))
         probes.append(Probe(rate, p, float(tput), meets, conf, int(np.size(e2e))))
@@ -82,20 +97,20 @@ def rate_at_target(measure: Measure, target_s: float, lo: float, hi: float, rel_
     bad: Probe | None = None
     # Establish a bracket: a meeting rate below a missing one.
     while good is None and len(probes) < max_probes:
-        p = probe(lo)
+        p = yield from probe(lo)
         if p.meets:
             good = p
         else:
             bad, hi, lo = p, lo, lo / 2
     while bad is None and good is not None and len(probes) < max_probes:
-        p = probe(hi)
+        p = yield from probe(hi)
         if p.meets:
             good, lo, hi = p, hi, hi * 2
         else:
             bad = p
     # Narrow it.
     while good is not None and bad is not None and bad.rate / good.rate - 1 > rel_tol and len(probes) < max_probes:
-        p = probe(math.sqrt(good.rate * bad.rate))
+        p = yield from probe(math.sqrt(good.rate * bad.rate))
         if p.meets:
             good = p
         else:
@@ -104,6 +119,24 @@ def rate_at_target(measure: Measure, target_s: float, lo: float, hi: float, rel_
     return {"rate": good.rate if good else math.nan, "throughput": good.throughput if good else math.nan,
             "bracket": (good.rate if good else math.nan, bad.rate if bad else math.nan),
             "confidence": min(confs) if confs else math.nan, "probes": probes}
+
+
+def take_turns(searches: dict[str, tuple[Search, Measure]]) -> dict[str, dict[str, Any]]:
+    """Run several `bisection`s on one machine, one probe each in turn (A, B, A, B, ...), each with
+    its own measure; {name: its result}. Taking turns spreads a machine whose speed drifts over
+    every search alike: run one after the other, a slow spell falls on one search alone and
+    moves the ratio of their rates by itself."""
+    due = {name: next(search) for name, (search, _) in searches.items()}
+    results: dict[str, dict[str, Any]] = {}
+    while due:
+        for name in list(due):
+            search, measure = searches[name]
+            try:
+                due[name] = search.send(measure(due[name]))
+            except StopIteration as done:
+                results[name] = done.value
+                del due[name]
+    return {name: results[name] for name in searches}
 
 
 def ratio_bracket(a: dict[str, Any], b: dict[str, Any]) -> tuple[float, float, float]:

@@ -9,6 +9,7 @@ model fitted to the engine's real step times on this machine (`calibrate_cost`).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import functools
 import json
@@ -230,19 +231,32 @@ def rate_at_target(policy: str, target_s: float, lo: float, hi: float, n: Callab
     `target_s`, by bisection on one fresh server (`labkit.loadgen.bisect`); `n(rate)` requests
     per probe. A request that did not complete counts as an infinite E2E, so a server that
     sheds load cannot meet the target by dropping its slow requests."""
+    return rates_at_target([policy], target_s, lo, hi, n, seed, rel_tol, max_probes, progress, **cfg_kw)[policy]
+
+
+def rates_at_target(policies: Sequence[str], target_s: float, lo: float, hi: float, n: Callable[[float], int],
+                    seed: int = 0, rel_tol: float = 0.1, max_probes: int = 7,
+                    progress: Callable[[str], None] | None = None, **cfg_kw: Any) -> dict[str, dict[str, Any]]:
+    """`rate_at_target` for each of `policies`, each on its own fresh server, all up at once and
+    probed in turn (`bisect.take_turns`: one policy's probe, then the next's), so a machine
+    whose speed drifts between minutes slows every policy alike. {policy: its result}."""
     from labkit.loadgen import bisect
 
-    with serve(policy, **cfg_kw) as srv:
+    def prober(policy: str, url: str) -> Callable[[float], tuple[np.ndarray, float]]:
         def probe(rate: float) -> tuple[np.ndarray, float]:
-            res = measure(srv.url, chat_specs(n(rate), rate, seed))
+            res = measure(url, chat_specs(n(rate), rate, seed))
             e2e = np.array([r.e2e_s if r.ok else np.inf for r in res.measured], float)
             s = res.summary()
             if progress:
                 progress(f"{policy}: {rate:.2f} req/s -> {s['throughput_rps']:.2f} req/s, p99 E2E "
                          f"{bisect.percentile(e2e, 99):.2f} s ({s['completed']}/{s['requests']} completed)")
             return e2e, s["throughput_rps"]
+        return probe
 
-        return bisect.rate_at_target(probe, target_s, lo, hi, rel_tol=rel_tol, max_probes=max_probes, seed=seed)
+    searches = {p: bisect.bisection(target_s, lo, hi, rel_tol, max_probes, seed) for p in policies}  # checked first
+    with contextlib.ExitStack() as stack:
+        urls = {p: stack.enter_context(serve(p, **cfg_kw)).url for p in policies}
+        return bisect.take_turns({p: (searches[p], prober(p, urls[p])) for p in policies})
 
 
 def throughput_at_target(rows: Sequence[dict[str, Any]], target_s: float, q: str = "p99") -> dict[str, Any] | None:

@@ -460,10 +460,20 @@ class Engine:
         groups = [rows] if not pre or not dec or len(rows) * width <= 2 * real else \
             [pre, [(r, 0) for r in dec]]
         with torch.inference_mode():
-            for group in groups:
-                self._pass(group)
+            new = [out for group in groups for out in self._pass(group)]
+        # Every token of the step leaves together when the step ends, so all are stamped then: a
+        # prompt's first token waits for the decode pass after it (its prefill span includes it).
+        self.now = time.monotonic()
+        for r, tok in new:
+            if not r.decoding:  # its prompt (or recompute) is done: it decodes from the next step
+                self.prefilling.remove(r)
+                r.decoding = True
+                self.n_decode += 1
+            self._append(r, tok)
 
-    def _pass(self, rows: list[tuple[Request, int]]) -> None:
+    def _pass(self, rows: list[tuple[Request, int]]) -> list[tuple[Request, int]]:
+        """One model pass over `rows` and sampling; returns (request, next token) for the rows
+        whose logits give one (not a prompt chunk with more to come)."""
         t_model = time.perf_counter()
         model, dev = self.model, self.model.device
         view = self.pool.view([self.kv.tables[r.id] for r, _ in rows], [r.kv_len for r, _ in rows])
@@ -477,7 +487,6 @@ class Engine:
             for i, c in enumerate(chunks):
                 tokens[i, : len(c)] = torch.tensor(c)
             logits = model.prefill(tokens.to(dev), view, lengths=[len(c) for c in chunks])
-        self.now = time.monotonic()
         emit = []  # rows whose logits give a next token (not a prompt chunk with more to come)
         for i, (r, k) in enumerate(rows):
             r.prefilled += k
@@ -487,13 +496,7 @@ class Engine:
                 emit.append(i)
         new = self._sample(logits, [rows[i][0] for i in emit], emit)
         self._model_s += time.perf_counter() - t_model
-        for i, tok in zip(emit, new):
-            r = rows[i][0]
-            if not r.decoding:  # its prompt (or recompute) is done: it decodes from the next step
-                self.prefilling.remove(r)
-                r.decoding = True
-                self.n_decode += 1
-            self._append(r, tok)
+        return [(rows[i][0], tok) for i, tok in zip(emit, new)]
 
     def _sample(self, logits: torch.Tensor, reqs: list[Request], idx: list[int]) -> list[int]:
         """Next token for rows `idx` of `logits`: greedy in one argmax, sampled rows each with

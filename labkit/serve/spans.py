@@ -10,7 +10,7 @@ the wire (and in the client's own event loop).
                 for a worker thread or the stage's lock included
     tokenize    plain tokenization (requests that skip the stage)
     queue       submitted to the engine -> admitted to the running batch
-    prefill     admitted -> first token
+    prefill     admitted -> first token (when the step that made it ends: a step's tokens leave together)
     decode      first token -> last token
     post        last token -> the final chunk built (detokenize, stop strings, format)
     other       the rest of server: parsing, cache look-ups, event-loop delays
