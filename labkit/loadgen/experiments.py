@@ -224,22 +224,15 @@ def target_sweeps(policies: Sequence[str], rates: Sequence[float], n: int | Call
     return out
 
 
-def rate_at_target(policy: str, target_s: float, lo: float, hi: float, n: Callable[[float], int], seed: int = 0,
-                   rel_tol: float = 0.1, max_probes: int = 7, progress: Callable[[str], None] | None = None,
-                   **cfg_kw: Any) -> dict[str, Any]:
-    """The highest chat-workload rate (requests/s) that `policy` sustains with p99 E2E <=
-    `target_s`, by bisection on one fresh server (`labkit.loadgen.bisect`); `n(rate)` requests
-    per probe. A request that did not complete counts as an infinite E2E, so a server that
-    sheds load cannot meet the target by dropping its slow requests."""
-    return rates_at_target([policy], target_s, lo, hi, n, seed, rel_tol, max_probes, progress, **cfg_kw)[policy]
-
-
 def rates_at_target(policies: Sequence[str], target_s: float, lo: float, hi: float, n: Callable[[float], int],
                     seed: int = 0, rel_tol: float = 0.1, max_probes: int = 7,
                     progress: Callable[[str], None] | None = None, **cfg_kw: Any) -> dict[str, dict[str, Any]]:
-    """`rate_at_target` for each of `policies`, each on its own fresh server, all up at once and
-    probed in turn (`bisect.take_turns`: one policy's probe, then the next's), so a machine
-    whose speed drifts between minutes slows every policy alike. {policy: its result}."""
+    """Per policy, the highest chat-workload rate (requests/s) it sustains with p99 E2E <=
+    `target_s`, by bisection (`labkit.loadgen.bisect`), `n(rate)` requests per probe. Each policy
+    has its own fresh server, all up at once and probed in turn (`bisect.take_turns`: one
+    policy's probe, then the next's), so a machine whose speed drifts between minutes slows every
+    policy alike. A request that did not complete counts as an infinite E2E, so a server that
+    sheds load cannot meet the target by dropping its slow requests. {policy: its result}."""
     from labkit.loadgen import bisect
 
     def prober(policy: str, url: str) -> Callable[[float], tuple[np.ndarray, float]]:
