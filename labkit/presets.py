@@ -209,8 +209,8 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "full": {"triad_rounds": 10, "matmul_sizes": [1024, 2048], "matmul_rounds": 5},
     },
     "serve_overhead": {
-        "smoke": {"batch": 16, "requests": 32, "prompt": 32, "output": 64, "rounds": 2},
-        "full": {"batch": 16, "requests": 48, "prompt": 32, "output": 128, "rounds": 3},
+        "smoke": {"batch": 16, "chunk": 16, "prompt": 32, "output": 64, "cycles": 4},
+        "full": {"batch": 16, "chunk": 32, "prompt": 32, "output": 128, "cycles": 12},
     },
 }
 
