@@ -289,8 +289,11 @@ def test_trace_from_records_uses_server_usage_and_shifts_time():
           RequestRecord(7, 0.0, prompt_len=1, max_tokens=1, warmup=True)]
     wl = fidelity.trace_from_records(rs)
     assert wl.arrival.tolist() == [0.0, 0.5] and wl.prompt.tolist() == [6, 5] and wl.output.tolist() == [9, 9]
+    assert fidelity.first_send_s(rs) == 2.0  # the warm-up request sent at 0 s is not time 0
     res = simulate(wl, make("none"), constant(0.1))
     assert res.done.all()
+    with pytest.raises(ValueError, match="no measured records"):
+        fidelity.trace_from_records(rs[2:])
 
 
 def test_offered_rate_is_what_the_plan_really_offers():

@@ -33,18 +33,12 @@ import psutil
 from labkit.benches import kit
 from labkit.loadgen import experiments as ex
 from labkit.loadgen.bisect import ratio_bracket
-from labkit.loadgen.client import LoadResult
 from labkit.loadgen import fidelity
 from labkit.loadgen.speed import format_model_errors, measure_speed, model_errors
 from labkit.serve.steptrace import read_steps
 from labkit.sim.stepcost import StepProfile
 
 TOLERANCE = 0.15  # the twin's cells judged within +-15 % (issue 28's acceptance)
-
-
-def _first_send(res: LoadResult) -> float:
-    """The first measured request's send time (s since the run started): the twin's time 0."""
-    return min(r.send_s for r in res.records if not r.warmup)
 
 
 def _row(name: str, s: dict) -> str:
@@ -118,8 +112,8 @@ def body(quick: bool, seed: int) -> dict:
     # How fast the machine ran each run's steps, from the engine's step trace (no latency in it)
     run_steps = {lv: read_steps(trace, res.started, res.started + res.wall_s) for lv, res in levels.items()}
     shutil.rmtree(trace.parent, ignore_errors=True)
-    speeds = {lv: measure_speed(run_steps[lv], alone_speed, levels[lv].started + _first_send(levels[lv]))
-              for lv in levels}
+    speeds = {lv: measure_speed(run_steps[lv], alone_speed, res.started + fidelity.first_send_s(res.records))
+              for lv, res in levels.items()}
     p0 = profile
     say(f"engine alone profiled {len(profiles)} times (before the runs, after each): decode pass at batch 1 "
         + " / ".join(f"{1e3 * p.decode_s[0][0]:.2f}" for p in profiles) + f" ms, at batch {p0.batches[-1]} "

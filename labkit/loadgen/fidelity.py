@@ -477,12 +477,19 @@ def fit_served(rows: Sequence[Sequence[float]], two_pass: bool = True, source: s
                       decode_curve=decode_curve)
 
 
+def first_send_s(records: Sequence[RequestRecord]) -> float:
+    """When the first measured (not warm-up) request was sent, s since its run started: a
+    replay's time 0."""
+    sends = [r.send_s for r in records if not r.warmup]
+    if not sends:
+        raise ValueError("no measured records to replay")
+    return min(sends)
+
+
 def trace_from_records(records: Sequence[RequestRecord]) -> Workload:
     """The measured trace (warm-up skipped, sorted by send time, first send at t = 0 s)."""
+    t0 = first_send_s(records)
     rs = sorted((r for r in records if not r.warmup), key=lambda r: r.send_s)
-    if not rs:
-        raise ValueError("no measured records to replay")
-    t0 = rs[0].send_s
     return Workload(np.array([r.send_s - t0 for r in rs]),
                     np.array([r.prompt_tokens or r.prompt_len for r in rs]),
                     np.array([r.output_tokens or r.max_tokens for r in rs]),
