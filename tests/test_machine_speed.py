@@ -105,6 +105,10 @@ def test_the_wake_up_cost_is_interpolated_from_its_points_and_checked():
     assert StepProfile.from_dict(prof.to_dict()) == prof
     other = dataclasses.replace(prof, cold=((0.01, 3e-3), (0.1, 2e-3)))
     assert StepProfile.merge([prof, other, prof]).cold == prof.cold  # per-point median
+    bare = dataclasses.replace(prof, cold=())
+    assert StepProfile.merge([bare, prof]).cold == prof.cold  # a profile without the points adds none
+    with pytest.raises(ValueError, match="same idle times"):  # never one profile's points silently kept
+        StepProfile.merge([prof, dataclasses.replace(prof, cold=((0.02, 1e-3), (0.1, 4e-3)))])
     for bad in (((0.1, 1e-3), (0.01, 2e-3)), ((0.0, 1e-3),), ((0.01, -1e-3),)):
         with pytest.raises(ValueError, match="cold"):
             dataclasses.replace(prof, cold=bad)

@@ -206,10 +206,14 @@ class StepProfile:
 
 
 def _merge_cold(profiles: Sequence[StepProfile]) -> tuple[tuple[float, float], ...]:
-    """The per-point median of the profiles' `cold` points (those measured at the same idle times)."""
+    """The per-point median of the profiles' `cold` points; those that have any must have them at
+    the same idle times (as the grids must match), else ValueError: no profile's points are dropped."""
     idle = [tuple(i for i, _ in p.cold) for p in profiles if p.cold]
-    if not idle or any(i != idle[0] for i in idle):
-        return next((p.cold for p in profiles if p.cold), ())
+    if not idle:
+        return ()
+    if any(i != idle[0] for i in idle):
+        raise ValueError(f"profiles to merge must measure the wake-up cost (cold) at the same idle times (s), "
+                         f"got {sorted(set(idle))}")
     extra = np.median([[e for _, e in p.cold] for p in profiles if p.cold], axis=0)
     return tuple(zip(idle[0], map(float, extra)))
 
