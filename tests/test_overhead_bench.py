@@ -15,17 +15,17 @@ def test_alone_runs_every_request_of_the_trace_in_closed_loop():
     assert got["wall_s"] > 0
 
 
-def test_paired_shares_cancel_a_slowdown_that_hits_a_whole_round():
-    """The VM drifting between rounds moves every way of a round alike: each round's ratio stays."""
+def test_paired_shares_cancel_a_slowdown_that_hits_a_whole_cycle():
+    """The VM drifting between cycles moves every way of a cycle alike: each cycle's ratio stays."""
     import random
 
     rng = random.Random(3)
     true_share = {"alone": 0.0, "a": 0.05, "b": 0.30}
-    rounds = []
+    cycles = []
     for _ in range(5):
-        speed = rng.uniform(0.6, 1.6)  # this round's slowdown, on every way alike
-        rounds.append({w: {"wall_s": 8e-3 * 400 * (1 + s) * speed, "steps": 400} for w, s in true_share.items()})
-    got = ob.paired_shares(rounds)
+        speed = rng.uniform(0.6, 1.6)  # this cycle's slowdown, on every way alike
+        cycles.append({w: {"wall_s": 8e-3 * 400 * (1 + s) * speed, "steps": 400} for w, s in true_share.items()})
+    got = ob.paired_shares(cycles)
     for w, s in true_share.items():
         assert all(abs(x - s) < 1e-12 for x in got[w]), (w, got[w])
 
@@ -33,13 +33,13 @@ def test_paired_shares_cancel_a_slowdown_that_hits_a_whole_round():
 def test_paired_shares_divide_by_steps_and_need_the_reference():
     import pytest
 
-    rounds = [{"alone": {"wall_s": 2.0, "steps": 200}, "x": {"wall_s": 2.2, "steps": 100}}]
-    assert ob.paired_shares(rounds)["x"] == [pytest.approx(1.2)]  # 22 ms a step against 10 ms
+    cycles = [{"alone": {"wall_s": 2.0, "steps": 200}, "x": {"wall_s": 2.2, "steps": 100}}]
+    assert ob.paired_shares(cycles)["x"] == [pytest.approx(1.2)]  # 22 ms a step against 10 ms
     with pytest.raises(ValueError, match="no 'alone' run"):
         ob.paired_shares([{"x": {"wall_s": 1.0, "steps": 10}}])
 
 
-def test_round_order_rotates_so_each_way_leads_once_per_cycle():
-    orders = [ob.round_order(r) for r in range(len(ob.WAYS))]
+def test_cycle_order_rotates_so_each_way_leads_once_in_turn():
+    orders = [ob.cycle_order(r) for r in range(len(ob.WAYS))]
     assert all(sorted(o) == sorted(ob.WAYS) for o in orders)
     assert [o[0] for o in orders] == list(ob.WAYS)

@@ -105,28 +105,28 @@ def served(srv: Any, batch: int, stream: bool, warm: list[Any]) -> Run:
     return run
 
 
-def round_order(r: int) -> tuple[str, ...]:
-    """The ways in cycle `r`'s order: `WAYS` rotated by r, so that no way always runs first or
-    always right after another."""
+def cycle_order(r: int) -> tuple[str, ...]:
+    """The ways in cycle `r`'s order: `WAYS` rotated by r, so that no way always runs first (just
+    after the switch from another server's chunk)."""
     k = r % len(WAYS)
     return WAYS[k:] + WAYS[:k]
 
 
-def paired_shares(rounds: list[dict[str, dict[str, float]]], ref: str = "alone") -> dict[str, list[float]]:
+def paired_shares(cycles: list[dict[str, dict[str, float]]], ref: str = "alone") -> dict[str, list[float]]:
     """Per way, each cycle's time per step over `ref`'s in the same cycle, minus 1 (a fraction).
 
-    `rounds[r][way]` holds that run's `wall_s` (s) and `steps`. A slowdown that hits every way of a
+    `cycles[r][way]` holds that run's `wall_s` (s) and `steps`. A slowdown that hits every way of a
     cycle alike cancels in its ratios."""
-    for r, runs in enumerate(rounds):
+    for r, runs in enumerate(cycles):
         if ref not in runs:
-            raise ValueError(f"round {r} has no {ref!r} run to pair with (it has {sorted(runs)})")
-    per_step = [{w: x["wall_s"] / max(1.0, x["steps"]) for w, x in runs.items()} for runs in rounds]
-    return {w: [p[w] / p[ref] - 1 for p in per_step] for w in rounds[0]}
+            raise ValueError(f"cycle {r} has no {ref!r} run to pair with (it has {sorted(runs)})")
+    per_step = [{w: x["wall_s"] / max(1.0, x["steps"]) for w, x in runs.items()} for runs in cycles]
+    return {w: [p[w] / p[ref] - 1 for p in per_step] for w in cycles[0]}
 
 
 def body(size: str, device: str = "cpu") -> dict[str, Any]:
     P = presets.sizes("serve_overhead", size)
-    rounds: list[dict[str, dict[str, float]]] = []
+    cycles: list[dict[str, dict[str, float]]] = []
     with contextlib.ExitStack() as stack:  # every way up at once, so that their chunks can alternate
         ways: dict[str, Run] = {"alone": Alone(P["batch"], device).run}
         for e in ENGINES:
@@ -136,10 +136,10 @@ def body(size: str, device: str = "cpu") -> dict[str, Any]:
                 ways[f"{e} {mode}"] = served(srv, P["batch"], stream=mode == "streaming", warm=warm)
         for r in range(P["cycles"]):
             specs = chunk(size, r)
-            runs = {w: ways[w](specs) for w in round_order(r)}
-            rounds.append({w: runs[w] for w in WAYS})
-    shares = paired_shares(rounds)
-    rows = {w: {"wall_s": sum(rd[w]["wall_s"] for rd in rounds), "steps": sum(rd[w]["steps"] for rd in rounds),
+            runs = {w: ways[w](specs) for w in cycle_order(r)}
+            cycles.append({w: runs[w] for w in WAYS})
+    shares = paired_shares(cycles)
+    rows = {w: {"wall_s": sum(c[w]["wall_s"] for c in cycles), "steps": sum(c[w]["steps"] for c in cycles),
                 "share": statistics.median(shares[w]), "share_q1": statistics.quantiles(shares[w], n=4)[0],
                 "share_q3": statistics.quantiles(shares[w], n=4)[2]}
             for w in WAYS}
@@ -153,13 +153,13 @@ def body(size: str, device: str = "cpu") -> dict[str, Any]:
         print(f"{w:<22}{row['wall_s']:>9.2f}{row['steps']:>7.0f}{1e3 * row['step_s']:>9.2f}"
               f"{100 * row['share']:>+18.1f}%{spread:>18}")
     print("(wall and steps: totals over the cycles; per step vs alone: median over cycles of the paired ratio)")
-    stream_cost = {e: statistics.median((rd[f"{e} streaming"]["wall_s"] - rd[f"{e} non-streaming"]["wall_s"]) / tokens
-                                        for rd in rounds) for e in ENGINES}
+    stream_cost = {e: statistics.median((c[f"{e} streaming"]["wall_s"] - c[f"{e} non-streaming"]["wall_s"]) / tokens
+                                        for c in cycles) for e in ENGINES}
     for e in ENGINES:
         print(f"--engine {e}: serving adds {100 * rows[f'{e} streaming']['share']:.1f}% per step streaming, "
               f"{100 * rows[f'{e} non-streaming']['share']:.1f}% non-streaming; streaming each token costs "
               f"{1e6 * stream_cost[e]:.0f} us of wall time per token")
-    return {"size": size, "device": device, **P, "ways": rows, "cycles_raw": rounds,
+    return {"size": size, "device": device, **P, "ways": rows, "cycles_raw": cycles,
             "stream_cost_per_token_s": stream_cost}
 
 
