@@ -82,11 +82,6 @@ class Alone:
         return {"wall_s": wall, "steps": steps}
 
 
-def run_alone(specs: list[Any], batch: int, device: str = "cpu") -> dict[str, float]:
-    """`specs` through a fresh `Alone` engine: wall time (s) and steps."""
-    return Alone(batch, device).run(specs)
-
-
 def served(srv: Any, batch: int, stream: bool, warm: list[Any]) -> Run:
     """A chunk runner against the running server `srv` by `batch` closed-loop users (connections
     opened and code paths warmed here, once, by `warm`): each call's wall time (s) and the server's
@@ -129,20 +124,21 @@ def body(size: str, device: str = "cpu") -> dict[str, Any]:
     cycles: list[dict[str, dict[str, float]]] = []
     with contextlib.ExitStack() as stack:  # every way up at once, so that their chunks can alternate
         ways: dict[str, Run] = {"alone": Alone(P["batch"], device).run}
+        warm = chunk(size, P["cycles"])[:P["batch"]]  # a seed no cycle uses
         for e in ENGINES:
             srv = stack.enter_context(ex.serve("continuous", max_batch=P["batch"], engine=e, device=device))
             for mode in ("streaming", "non-streaming"):
-                warm = chunk(size, P["cycles"])[:P["batch"]]  # a seed no cycle uses
                 ways[f"{e} {mode}"] = served(srv, P["batch"], stream=mode == "streaming", warm=warm)
         for r in range(P["cycles"]):
             specs = chunk(size, r)
             runs = {w: ways[w](specs) for w in cycle_order(r)}
             cycles.append({w: runs[w] for w in WAYS})
     shares = paired_shares(cycles)
-    rows = {w: {"wall_s": sum(c[w]["wall_s"] for c in cycles), "steps": sum(c[w]["steps"] for c in cycles),
-                "share": statistics.median(shares[w]), "share_q1": statistics.quantiles(shares[w], n=4)[0],
-                "share_q3": statistics.quantiles(shares[w], n=4)[2]}
-            for w in WAYS}
+    rows = {}
+    for w in WAYS:
+        q1, _, q3 = statistics.quantiles(shares[w], n=4)
+        rows[w] = {"wall_s": sum(c[w]["wall_s"] for c in cycles), "steps": sum(c[w]["steps"] for c in cycles),
+                   "share": statistics.median(shares[w]), "share_q1": q1, "share_q3": q3}
     tokens = P["chunk"] * P["output"]
     print(f"{P['cycles']} cycles x {P['chunk']} requests x {P['output']} tokens, {P['batch']} closed-loop users, "
           f"on {device}; every way up at once, each cycle's chunk run on each in rotating order")
@@ -166,7 +162,7 @@ def body(size: str, device: str = "cpu") -> dict[str, Any]:
 def parser():
     """The shared bench flags (the server and the in-process engine run 1 torch thread)."""
     return kit.parser("labkit.benches.overhead", __doc__, devices=("cpu", "cuda"),
-                           quick_help="4 cycles of 16 short requests each way (about a minute on 2 CPU cores)")
+                           quick_help="4 cycles of 16 short requests each way (under a minute on 2 CPU cores)")
 
 
 def main(argv: list[str] | None = None) -> int:
