@@ -405,6 +405,31 @@ def test_change_and_throughput_at_target():
     assert ex.throughput_at_target(rows, 0.5) is None
 
 
+def test_chat_quantile_request_follows_the_workloads_length_distributions():
+    from labkit.loadgen import experiments as ex
+    from labkit.sim.workload import lengths
+
+    qs = [ex.chat_quantile_request(q) for q in (10, 50, 90, 99, 100)]
+    assert all(a[0] <= b[0] and a[1] <= b[1] for a, b in zip(qs, qs[1:]))  # monotone in q
+    assert qs[-1] == (ex.CHAT_PROMPT["high"], ex.CHAT_OUTPUT["high"])  # the caps
+    for spec, median in zip((ex.CHAT_PROMPT, ex.CHAT_OUTPUT), qs[1]):  # an independent seed agrees
+        assert median == pytest.approx(np.median(lengths(50_000, rng=7, **spec)), rel=0.03)
+    with pytest.raises(ValueError, match="q must be a percentile"):
+        ex.chat_quantile_request(0)
+
+
+def test_alone_e2e_is_the_median_of_lone_requests():
+    from labkit.loadgen import experiments as ex
+
+    with StubServer(ttft_s=0.02, token_s=0.004) as srv:
+        e2e = ex.alone_e2e(srv.url, 7, 10, repeat=5)
+    assert srv.peak_inflight == 1 and srv.completed == 6  # one warm-up, then five, never two at once
+    assert all(b["max_tokens"] == 10 for b in srv.bodies)
+    assert 0.02 + 9 * 0.004 - 1e-3 <= e2e < 0.5  # the stub's TTFT and gaps, not a queue
+    with pytest.raises(ValueError, match="repeat must be"):
+        ex.alone_e2e(srv.url, 7, 10, repeat=0)
+
+
 # ---------------------------------------------------------------- command line
 
 def test_cli_parses_lengths_and_sweeps():

@@ -202,6 +202,31 @@ def short_request_e2e(res: LoadResult, quantile: float = 25) -> float:
     return float(np.mean([r.e2e_s for r in ok if r.max_tokens <= cut]))
 
 
+def chat_quantile_request(q: float = 99.0, draws: int = 100_000, seed: int = 0) -> tuple[int, int]:
+    """The chat workload's `q`-th percentile prompt and output lengths (tokens), read from
+    `draws` seeded samples of its length distributions (`CHAT_PROMPT`, `CHAT_OUTPUT`)."""
+    from labkit.sim.workload import lengths
+
+    if not 0 < q <= 100:
+        raise ValueError(f"q must be a percentile in (0, 100], got {q!r}")
+    rng = np.random.default_rng(seed)
+    return tuple(int(np.percentile(lengths(draws, rng=rng, **spec), q)) for spec in (CHAT_PROMPT, CHAT_OUTPUT))
+
+
+def alone_e2e(url: str, prompt_len: int, output_len: int, repeat: int = 5, seed: int = 0) -> float:
+    """Median E2E (s) of `repeat` requests of these lengths (tokens) served one at a time, with
+    nothing else in flight (closed loop, one user, after one warm-up request): the request's
+    latency with no queue and no batch-mates."""
+    if repeat < 1:
+        raise ValueError(f"repeat must be >= 1 request, got {repeat!r}")
+    res = measure(url, arrivals.closed_loop(repeat, prompt_len=prompt_len, output_len=output_len, seed=seed),
+                  users=1, warmup=1)
+    e2e = [r.e2e_s for r in res.measured if r.ok]
+    if len(e2e) < repeat:
+        raise RuntimeError(f"only {len(e2e)} of {repeat} lone requests completed against {url}")
+    return float(np.median(e2e))
+
+
 def requests_for(rate: float, seconds: float, low: int, high: int) -> int:
     """Requests for a run of about `seconds` s at `rate` requests/s, clipped to [low, high]."""
     return int(np.clip(round(rate * seconds), low, high))
