@@ -430,6 +430,19 @@ def test_alone_e2e_is_the_median_of_lone_requests():
         ex.alone_e2e(srv.url, 7, 10, repeat=0)
 
 
+def test_slo_target_is_the_slowdown_times_the_p99_request_alone():
+    from labkit.loadgen import experiments as ex
+
+    with StubServer(ttft_s=0.001, token_s=0.0002) as srv:
+        slo = ex.slo_target(srv.url, slowdown=2.5, repeat=3)
+        assert srv.peak_inflight == 1
+        assert {b["max_tokens"] for b in srv.bodies} == {ex.chat_quantile_request(99)[1]}
+    assert (slo["prompt_len"], slo["output_len"]) == ex.chat_quantile_request(99)
+    assert slo["target_s"] == pytest.approx(2.5 * slo["alone_e2e_s"]) and slo["alone_e2e_s"] > 0
+    with pytest.raises(ValueError, match="slowdown must be > 1"):
+        ex.slo_target(srv.url, slowdown=1.0)
+
+
 # ---------------------------------------------------------------- command line
 
 def test_cli_parses_lengths_and_sweeps():

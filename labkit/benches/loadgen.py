@@ -14,8 +14,8 @@
    per second from the engine's step trace (its model time over the profile's price for the
    same steps: `labkit.loadgen.speed`), since this VM's speed moves 20-30 % between minutes.
 3. No vs static vs continuous batching on one open-loop trace (above the knee).
-4. Continuous vs static at the same p99 E2E target, tied to the workload: `SLO_SLOWDOWN` x the
-   E2E of the workload's p99 request (its p99 prompt and output lengths) served alone. The
+4. Continuous vs static at the same p99 E2E target, tied to the workload (`ex.slo_target`: 3x the
+   E2E of the workload's p99 request, its p99 prompt and output lengths, served alone). The
    highest rate each policy sustains within it, found by bisection with a bootstrap confidence
    per probe (`labkit.loadgen.bisect`), the two policies' probes taking turns.
 Everything runs on loopback; ``--json PATH`` writes the figures with the machine's fingerprint.
@@ -40,12 +40,6 @@ from labkit.serve.steptrace import read_steps
 from labkit.sim.stepcost import StepProfile
 
 TOLERANCE = 0.15  # the twin's cells judged within +-15 % (issue 28's acceptance)
-# The p99 E2E target, as a slowdown of the workload's p99 request served alone. Below the knee,
-# continuous batching already slows that request by its batch-mates (a full batch's decode
-# step costs 2-3x batch 1's on our CPUs; the bench prints this machine's figure): a target
-# inside that plateau is met or missed by noise at every rate up to the knee. 3x sits above
-# it, so the bisection finds where queueing starts, for either policy.
-SLO_SLOWDOWN = 3.0
 
 
 def _row(name: str, s: dict) -> str:
@@ -182,17 +176,17 @@ def body(quick: bool, seed: int) -> dict:
                        for p, r in runs.items()}
 
     say("bisection per policy for the highest rate at equal p99 E2E")
-    prompt_len, output_len = ex.chat_quantile_request(99)
     with ex.serve("continuous") as srv:
-        alone = ex.alone_e2e(srv.url, prompt_len, output_len, repeat=5, seed=seed)
-    target = SLO_SLOWDOWN * alone
+        slo = ex.slo_target(srv.url, seed=seed)
+    target = slo["target_s"]
     prof = step_cost.profile
     plateau = prof.decode_s[-1][0] / prof.decode_s[0][0]
-    print(f"\n== highest rate with p99 E2E <= {target:.2f} s ({SLO_SLOWDOWN:g}x the workload's p99 request, "
-          f"{prompt_len} prompt + {output_len} output tokens, served alone: {alone:.2f} s, median of 5), by bisection ==")
+    print(f"\n== highest rate with p99 E2E <= {target:.2f} s ({slo['slowdown']:g}x the workload's p99 request, "
+          f"{slo['prompt_len']} prompt + {slo['output_len']} output tokens, served alone: {slo['alone_e2e_s']:.2f} s, "
+          "median of 5), by bisection ==")
     print(f"(a decode step at batch {prof.batches[-1]} costs {plateau:.1f}x batch 1's here, context "
           f"{prof.contexts[0]:.0f}: the slowdown batch-mates alone cause" + (
-              "; the target sits inside it, so noise decides the answer)" if plateau >= SLO_SLOWDOWN else ")"))
+              "; the target sits inside it, so noise decides the answer)" if plateau >= slo["slowdown"] else ")"))
     # both servers up, probed in turn: a slow minute of this VM falls on both policies alike
     found = ex.rates_at_target(("static", "continuous"), target, 0.3 * knee["level"], 1.5 * knee["level"], n_sweep,
                                seed, rel_tol=0.1 if quick else 0.05, progress=say)
@@ -208,8 +202,7 @@ def body(quick: bool, seed: int) -> dict:
         # tail; static batching's tail (a short request stuck behind a long one) is the heavier.
         print(f"(the smallest probe held {fewest} requests: a p99 of fewer than 100 is near the sample's maximum "
               "and under-reads static batching's heavier tail, which favours static)")
-    out.update(target_s=target, target_basis={"slowdown": SLO_SLOWDOWN, "alone_e2e_s": alone, "prompt_len": prompt_len,
-                                              "output_len": output_len, "batch_step_slowdown": plateau},
+    out.update(target_s=target, target_basis={**slo, "batch_step_slowdown": plateau},
                throughput_ratio_at_target=ratio, ratio_range=(low, high),
                bisection={p: {"rate": f["rate"], "throughput": f["throughput"], "bracket": f["bracket"],
                               "confidence": f["confidence"],
