@@ -111,6 +111,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -220,14 +221,18 @@ def server_means(before: dict[str, float] | None, after: dict[str, float] | None
     return out
 
 
-def run_cmd(cmd: list[str], log: Path, env: dict[str, str] | None = None, timeout: float | None = None) -> float:
-    """Run `cmd` (output to `log`); its wall time (s); RuntimeError with the log's tail if it fails."""
-    t0 = time.perf_counter()
+def run_cmd(cmd: list[str], log: Path, env: dict[str, str] | None = None,
+            timeout: float | None = None) -> tuple[float, float]:
+    """Run `cmd` (output to `log`); its wall time and the CPU time (user + system, s) it and
+    every process it started used: on a machine of few cores a client's CPU is taken from the
+    server it measures. RuntimeError with the log's tail if it fails."""
+    t0, cpu0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     with log.open("w") as f:
         rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=timeout).returncode
     if rc != 0:
         raise RuntimeError(f"{cmd[0]} ... exited {rc}; last lines of {log}:\n" + log.read_text()[-3000:])
-    return time.perf_counter() - t0
+    cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)  # reaped descendants included, not the server
+    return time.perf_counter() - t0, (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
 
 
 def labkit_cmd(a: argparse.Namespace, url: str, tmp: Path) -> list[str]:
@@ -459,14 +464,16 @@ def print_report(res: dict[str, Any], tol: float) -> None:
             print(line)
     print("\nPer run: the server's own means (labkit serve /metrics, before/after each run) vs the client's means "
           "(same definitions as above); ms.\n  The server column shows how fast the server was during that run; "
-          "client - server is what the client adds (network, event loop, stream tail).")
+          "client - server is what the client adds (network, event loop, stream tail);\n  client CPU: the cores the client's "
+          "processes used on average over its run, start-up included, which a machine of few cores takes from the server.")
     print(f"  {'round':<6}{'client':<9}{'srv TTFT':>9}{'cli TTFT':>9}{'srv TPOT':>9}{'cli TPOT':>9}"
-          f"{'srv E2E':>9}{'cli E2E':>9}{'cli-srv E2E':>12}")
+          f"{'srv E2E':>9}{'cli E2E':>9}{'cli-srv E2E':>12}{'client CPU':>11}")
     for run in res["runs"]:
         sv, cl = run["server_means"] or {}, run["client_means"]
         d = None if sv.get("e2e") is None or cl["e2e"] is None else cl["e2e"] - sv["e2e"]
         print(f"  {run['round']:<6}{run['client']:<9}{fmt_ms(sv.get('ttft'))}{fmt_ms(cl['ttft'])}"
-              f"{fmt_ms(sv.get('tpot'))}{fmt_ms(cl['tpot'])}{fmt_ms(sv.get('e2e'))}{fmt_ms(cl['e2e'])}{fmt_ms(d):>12}")
+              f"{fmt_ms(sv.get('tpot'))}{fmt_ms(cl['tpot'])}{fmt_ms(sv.get('e2e'))}{fmt_ms(cl['e2e'])}{fmt_ms(d):>12}"
+              f"{run['client_cpu_s'] / run['wall_s']:>8.2f} cores")
     srv = [run["server_means"]["e2e"] for run in res["runs"] if run["server_means"] and run["server_means"]["e2e"]]
     if srv and max(srv) > (1 + tol) * min(srv):
         print(f"  WARNING: the server's own mean E2E ranged {1e3 * min(srv):.0f}-{1e3 * max(srv):.0f} ms across runs: "
@@ -523,7 +530,7 @@ def compare(a: argparse.Namespace, url: str, exes: dict[str, str], tok: Path, tm
             before = server_metrics(url)
             # aiperf reads a local tokenizer dir only when HF's offline switch is off (offline, it looks
             # for the name in the hub cache); a local path never reaches the hub either way
-            wall = run_cmd(cmds[name], d / f"{name}.log", env=env if name == "guidellm" else None)
+            wall, cpu = run_cmd(cmds[name], d / f"{name}.log", env=env if name == "guidellm" else None)
             sv = server_means(before, server_metrics(url))
             if name == "guidellm":
                 report = json.loads((d / "guidellm.json").read_text())
@@ -534,7 +541,7 @@ def compare(a: argparse.Namespace, url: str, exes: dict[str, str], tok: Path, tm
                 rs = labkit_requests(d)
             pooled[name] += rs
             rounds[-1][name] = rs
-            runs.append({"round": rnd, "client": name, "wall_s": wall, "server_means": sv,
+            runs.append({"round": rnd, "client": name, "wall_s": wall, "client_cpu_s": cpu, "server_means": sv,
                          "client_means": {k: mean(rs, k) for k in ("ttft", "itl", "tpot", "e2e")}})
         own.append(own_summaries(d, report))
     same = {k: common_table(pooled["labkit"], pooled[k]) for k in exes}
