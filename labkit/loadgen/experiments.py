@@ -27,7 +27,7 @@ from labkit.loadgen.fidelity import SimServer
 from labkit.loadgen.sweep import run_sweep
 from labkit.sim import calibrate, metrics
 from labkit.sim.cost import LinearCost
-from labkit.sim.workload import arrivals as arrival_times
+from labkit.sim.workload import arrivals as arrival_times, lengths
 
 # Chat-like traffic at the tiny model's scale (max_model_len 512): lognormal prompts and
 # outputs (tokens), long-tailed so that static batching pads short answers to long ones.
@@ -205,8 +205,6 @@ def short_request_e2e(res: LoadResult, quantile: float = 25) -> float:
 def chat_quantile_request(q: float = 99.0, draws: int = 100_000, seed: int = 0) -> tuple[int, int]:
     """The chat workload's `q`-th percentile prompt and output lengths (tokens), read from
     `draws` seeded samples of its length distributions (`CHAT_PROMPT`, `CHAT_OUTPUT`)."""
-    from labkit.sim.workload import lengths
-
     if not 0 < q <= 100:
         raise ValueError(f"q must be a percentile in (0, 100], got {q!r}")
     rng = np.random.default_rng(seed)
