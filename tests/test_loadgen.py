@@ -425,7 +425,7 @@ def test_alone_e2e_is_the_median_of_lone_requests():
         e2e = ex.alone_e2e(srv.url, 7, 10, repeat=5)
     assert srv.peak_inflight == 1 and srv.completed == 6  # one warm-up, then five, never two at once
     assert all(b["max_tokens"] == 10 for b in srv.bodies)
-    assert 0.02 + 9 * 0.004 - 1e-3 <= e2e < 0.5  # the stub's TTFT and gaps, not a queue
+    assert e2e >= 0.02 + 9 * 0.004 - 1e-3  # at least the stub's TTFT and nine gaps (no bound above: speed-free)
     with pytest.raises(ValueError, match="repeat must be"):
         ex.alone_e2e(srv.url, 7, 10, repeat=0)
 
