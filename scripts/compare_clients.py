@@ -467,7 +467,7 @@ def print_report(res: dict[str, Any], tol: float) -> None:
           "client - server is what the client adds (network, event loop, stream tail);\n  client CPU: the cores the client's "
           "processes used on average over its run, start-up included, which a machine of few cores takes from the server.")
     print(f"  {'round':<6}{'client':<9}{'srv TTFT':>9}{'cli TTFT':>9}{'srv TPOT':>9}{'cli TPOT':>9}"
-          f"{'srv E2E':>9}{'cli E2E':>9}{'cli-srv E2E':>12}{'client CPU':>11}")
+          f"{'srv E2E':>9}{'cli E2E':>9}{'cli-srv E2E':>12}{'client CPU':>14}")
     for run in res["runs"]:
         sv, cl = run["server_means"] or {}, run["client_means"]
         d = None if sv.get("e2e") is None or cl["e2e"] is None else cl["e2e"] - sv["e2e"]
