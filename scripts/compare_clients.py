@@ -110,8 +110,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -221,18 +221,42 @@ def server_means(before: dict[str, float] | None, after: dict[str, float] | None
     return out
 
 
+def start_cmd(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Start `cmd` (stdout and stderr to `log`) without waiting; the handle `wait_cmd` takes."""
+    f = log.open("w")
+    return {"cmd": cmd, "log": log, "file": f, "t0": time.perf_counter(),
+            "proc": subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env)}
+
+
+def wait_cmd(run: dict[str, Any], timeout: float | None = None) -> tuple[float, float]:
+    """Wait for a `start_cmd` process: its wall time and the CPU time (user + system, s) it and every
+    process it reaped used (os.wait4's own figure for this child, so clients running at the same
+    time are told apart): on a machine of few cores a client's CPU is taken from the server it
+    measures. RuntimeError with the log's tail if it fails or outlives `timeout` (s; then killed)."""
+    proc, killed = run["proc"], False
+    deadline = None if timeout is None else time.perf_counter() + timeout
+    while True:
+        pid, status, ru = os.wait4(proc.pid, 0 if deadline is None or killed else os.WNOHANG)
+        if pid:
+            break
+        if time.perf_counter() > deadline:
+            proc.kill()
+            killed = True
+        else:
+            time.sleep(0.05)
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
+    run["file"].close()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{run['cmd'][0]} ... exited {proc.returncode}"
+                           + (f" (killed after {timeout:.0f} s)" if killed else "")
+                           + f"; last lines of {run['log']}:\n" + run["log"].read_text()[-3000:])
+    return time.perf_counter() - run["t0"], ru.ru_utime + ru.ru_stime
+
+
 def run_cmd(cmd: list[str], log: Path, env: dict[str, str] | None = None,
             timeout: float | None = None) -> tuple[float, float]:
-    """Run `cmd` (output to `log`); its wall time and the CPU time (user + system, s) it and
-    every process it started used: on a machine of few cores a client's CPU is taken from the
-    server it measures. RuntimeError with the log's tail if it fails."""
-    t0, cpu0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
-    with log.open("w") as f:
-        rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=timeout).returncode
-    if rc != 0:
-        raise RuntimeError(f"{cmd[0]} ... exited {rc}; last lines of {log}:\n" + log.read_text()[-3000:])
-    cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)  # reaped descendants included, not the server
-    return time.perf_counter() - t0, (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
+    """Run `cmd` to the end: `wait_cmd(start_cmd(...))`."""
+    return wait_cmd(start_cmd(cmd, log, env), timeout)
 
 
 def labkit_cmd(a: argparse.Namespace, url: str, tmp: Path) -> list[str]:
@@ -306,8 +330,9 @@ def aiperf_requests(tmp: Path) -> list[dict[str, Any]]:
         n = m.get("output_sequence_length")
         ttft, e2e = ms("time_to_first_token"), ms("request_latency")
         ok = r.get("error") is None and ttft is not None and e2e is not None and n
+        t0 = (r.get("metadata") or {}).get("request_start_ns")
         out.append({"ok": bool(ok), "prompt_tokens": m.get("input_sequence_length"), "output_tokens": n,
-                    "chunks": n, "lag": None,
+                    "chunks": n, "lag": None, "start": None if t0 is None else t0 / 1e9,
                     **({"ttft": ttft, "itl": ms("inter_token_latency"),
                         "tpot": (e2e - ttft) / (n - 1) if n > 1 else None, "e2e": e2e, "tail": None} if ok else {}),
                     "error": (r.get("error") or {}).get("message") if r.get("error") else None})
@@ -315,8 +340,10 @@ def aiperf_requests(tmp: Path) -> list[dict[str, Any]]:
 
 
 def labkit_requests(tmp: Path) -> list[dict[str, Any]]:
-    """Per-request times (s) from labkit's records, in the common definitions."""
+    """Per-request times (s) from labkit's records, in the common definitions; "start" is the
+    wall-clock send time (its summary's started_unix + send_s; None from a labkit without it)."""
     out = []
+    started = json.loads((tmp / "labkit_summary.json").read_text()).get("started_unix")
     for line in (tmp / "labkit_records.jsonl").read_text().splitlines():
         r = json.loads(line)
         if r["warmup"]:
@@ -327,6 +354,7 @@ def labkit_requests(tmp: Path) -> list[dict[str, Any]]:
         out.append({"ok": bool(ok), "prompt_tokens": r["prompt_tokens"], "output_tokens": n,
                     "chunks": 1 + len(r["itl_s"]) if r["ttft_s"] is not None else 0,
                     "lag": None if r["scheduled_s"] is None else r["send_s"] - r["scheduled_s"],
+                    "start": None if started is None else started + r["send_s"],
                     **({"ttft": r["ttft_s"], "itl": gaps / (n - 1) if n > 1 else None,
                         "tpot": (r["e2e_s"] - r["ttft_s"]) / (n - 1) if n > 1 else None,
                         "e2e": r["e2e_s"], "tail": r["e2e_s"] - r["ttft_s"] - gaps} if ok else {}),
@@ -349,12 +377,34 @@ def guidellm_requests(report: dict[str, Any]) -> list[dict[str, Any]]:
             out.append({"ok": bool(ok), "prompt_tokens": r.get("prompt_tokens"), "output_tokens": n,
                         "chunks": t.get("token_iterations"),
                         "lag": None if t.get("targeted_start") is None or start is None
-                        else start - t["targeted_start"],
+                        else start - t["targeted_start"], "start": start,
                         **({"ttft": first - start, "itl": (last - first) / (n - 1) if n > 1 else None,
                             "tpot": (end - first) / (n - 1) if n > 1 else None,
                             "e2e": end - start, "tail": end - last} if ok else {}),
                         "error": r["info"].get("error")})
     return out
+
+
+def common_window(runs: dict[str, list[dict]]) -> tuple[float, float]:
+    """The wall-clock span (s) in which every client of a simultaneous round was sending: from the
+    latest first send to the earliest last send. A request sent inside it met the server while all
+    the others were loading it too; the clients start seconds apart (their imports), so requests
+    outside it met a lighter load. ValueError if a client has no start times or the runs never overlap."""
+    spans = {}
+    for name, rs in runs.items():
+        starts = [r["start"] for r in rs if r.get("start") is not None]
+        if not starts:
+            raise ValueError(f"{name}'s records have no wall-clock start times, so its run cannot be lined up")
+        spans[name] = (min(starts), max(starts))
+    lo, hi = max(a for a, _ in spans.values()), min(b for _, b in spans.values())
+    if hi <= lo:
+        raise ValueError(f"the clients' runs did not overlap: send spans {spans} (s, wall clock)")
+    return lo, hi
+
+
+def in_window(rs: list[dict], window: tuple[float, float]) -> list[dict]:
+    """The requests of `rs` sent inside `window` (s, wall clock, both ends included)."""
+    return [r for r in rs if r.get("start") is not None and window[0] <= r["start"] <= window[1]]
 
 
 def stats(values: list[float | None]) -> dict[str, float | None]:
@@ -444,9 +494,14 @@ def mean(rs: list[dict], key: str) -> float | None:
 
 def print_report(res: dict[str, Any], tol: float) -> None:
     c = res["config"]
+    how = (f"all at once, each {c['client_rate']:.3g} req/s ({c['rate']:g} req/s in all)" if c["simultaneous"]
+           else f"one after another, each {c['rate']:g} req/s")
     print(f"\nlabkit loadtest vs {', '.join(f'{k} {v}' for k, v in res['versions'].items())}: {c['arrival']} "
-          f"{c['rate']:g} req/s, prompt {c['prompt_len']}, output {c['output_len']}, {c['requests']} requests per "
+          f"arrivals, {how}, prompt {c['prompt_len']}, output {c['output_len']}, {c['requests']} requests per "
           f"client per round, {c['rounds']} round(s), server {c['url']}")
+    if c["simultaneous"]:
+        print("  compared: the requests each client sent while every client was sending (the rounds' common "
+              "window; the 'compared' column below)")
     for ch in res["checks"].values():
         print(f"  {ch['client']:<8} ok {ch['ok']}/{ch['requests']}, prompt tokens {ch['prompt_tokens']}, output "
               f"tokens {ch['output_tokens']}, token chunks {ch['token_chunks']}"
@@ -462,20 +517,21 @@ def print_report(res: dict[str, Any], tol: float) -> None:
                 line += f"{fmt_ms(row['labkit'][f'p{q}']):>11}{fmt_ms(row['client'][f'p{q}'])}  "
                 line += fmt_ratio(row["ratio"][f"p{q}"], tol) if key not in ("tail", "lag") else f"{'':>11}"
             print(line)
-    print("\nPer run: the server's own means (labkit serve /metrics, before/after each run) vs the client's means "
+    print(f"\nPer run: the server's own means (labkit serve /metrics, before/after each "
+          f"{'round' if c['simultaneous'] else 'run'}) vs the client's means "
           "(same definitions as above); ms.\n  The server column shows how fast the server was during that run; "
           "client - server is what the client adds (network, event loop, stream tail);\n  client CPU: the cores the client's "
           "processes used on average over its run, start-up included, which a machine of few cores takes from the server.")
     print(f"  {'round':<6}{'client':<9}{'srv TTFT':>9}{'cli TTFT':>9}{'srv TPOT':>9}{'cli TPOT':>9}"
-          f"{'srv E2E':>9}{'cli E2E':>9}{'cli-srv E2E':>12}{'client CPU':>14}")
+          f"{'srv E2E':>9}{'cli E2E':>9}{'cli-srv E2E':>12}{'client CPU':>14}{'compared':>10}")
     for run in res["runs"]:
         sv, cl = run["server_means"] or {}, run["client_means"]
         d = None if sv.get("e2e") is None or cl["e2e"] is None else cl["e2e"] - sv["e2e"]
         print(f"  {run['round']:<6}{run['client']:<9}{fmt_ms(sv.get('ttft'))}{fmt_ms(cl['ttft'])}"
               f"{fmt_ms(sv.get('tpot'))}{fmt_ms(cl['tpot'])}{fmt_ms(sv.get('e2e'))}{fmt_ms(cl['e2e'])}{fmt_ms(d):>12}"
-              f"{run['client_cpu_s'] / run['wall_s']:>8.2f} cores")
+              f"{run['client_cpu_s'] / run['wall_s']:>8.2f} cores{run['compared']:>5}/{run['sent']:<4}")
     srv = [run["server_means"]["e2e"] for run in res["runs"] if run["server_means"] and run["server_means"]["e2e"]]
-    if srv and max(srv) > (1 + tol) * min(srv):
+    if srv and max(srv) > (1 + tol) * min(srv) and not c["simultaneous"]:
         print(f"  WARNING: the server's own mean E2E ranged {1e3 * min(srv):.0f}-{1e3 * max(srv):.0f} ms across runs: "
               "it was not equally fast for every client,\n  so the client figures above differ by the server's "
               "speed, not the client; compare client - server, or re-run on a quiet machine / at a lower rate.")
@@ -505,58 +561,93 @@ def version(name: str, exe: str) -> str:
     return out[-1] if out else "?"
 
 
+def run_round(a: argparse.Namespace, url: str, cmds: dict[str, list[str]], order: list[str], d: Path,
+              env: dict[str, str], rnd: int) -> dict[str, dict[str, Any]]:
+    """Run one round's clients, one after another or (a.simultaneous) all at once; per client its
+    wall and CPU time (s) and the server's own means over its run (over the round, if at once)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in order:
+        print(f"rate {a.rate:g}, round {rnd}, {name}: {' '.join(cmds[name])}", flush=True)
+    # aiperf reads a local tokenizer dir only when HF's offline switch is off (offline, it looks
+    # for the name in the hub cache); a local path never reaches the hub either way
+    envs = {name: env if name == "guidellm" else None for name in order}
+    if not a.simultaneous:
+        for name in order:
+            before = server_metrics(url)
+            wall, cpu = run_cmd(cmds[name], d / f"{name}.log", env=envs[name])
+            out[name] = {"wall_s": wall, "client_cpu_s": cpu, "server_means": server_means(before, server_metrics(url))}
+        return out
+    before, started = server_metrics(url), {}
+    try:
+        for name in order:
+            started[name] = start_cmd(cmds[name], d / f"{name}.log", env=envs[name])
+        for name in order:  # each client stops on its own: its requests have a time limit
+            wall, cpu = wait_cmd(started.pop(name), timeout=a.requests / a.rate * 2 + 3 * a.timeout)
+            out[name] = {"wall_s": wall, "client_cpu_s": cpu}
+    finally:
+        for run in started.values():  # one failed: stop the others rather than leave them loading the server
+            run["proc"].kill()
+            run["proc"].wait()
+    sv = server_means(before, server_metrics(url))
+    return {name: {**v, "server_means": sv} for name, v in out.items()}
+
+
 def compare(a: argparse.Namespace, url: str, exes: dict[str, str], tok: Path, tmp: Path,
             env: dict[str, str]) -> dict[str, Any]:
-    """One rate: `a.rounds` rounds of labkit then each external client (the order rotating); the tables."""
+    """One rate: `a.rounds` rounds of labkit and each external client (who goes first rotating); the tables.
+    With a.simultaneous the clients of a round run at the same time, each at a.rate / (clients), and only
+    the requests each sent while all were sending are compared (`common_window`)."""
     runs, own, rounds = [], [], []
-    pooled: dict[str, list[dict]] = {"labkit": [], **{k: [] for k in exes}}
     names = ["labkit", *exes]
     if a.order != "labkit-first":
         names = names[1:] + names[:1]
+    ca = a
+    if a.simultaneous:  # each at rate / clients; enough requests that the common window holds ~a.requests each
+        rate = a.rate / len(names)
+        ca = argparse.Namespace(**{**vars(a), "rate": rate, "requests": a.requests + math.ceil(rate * a.startup_s)})
+    pooled: dict[str, list[dict]] = {n: [] for n in names}  # the compared requests, all rounds
+    sent: dict[str, list[dict]] = {n: [] for n in names}  # every request, for the error and length checks
     cmds: dict[str, list[str]] = {}
     for rnd in range(a.rounds):
         d = tmp / f"rate{a.rate:g}" / f"round{rnd}"
         d.mkdir(parents=True, exist_ok=True)
-        cmds = {"labkit": labkit_cmd(a, url, d)}
+        cmds = {"labkit": labkit_cmd(ca, url, d)}
         if "guidellm" in exes:
-            cmds["guidellm"] = guidellm_cmd(a, exes["guidellm"], url, d, tok)
+            cmds["guidellm"] = guidellm_cmd(ca, exes["guidellm"], url, d, tok)
         if "aiperf" in exes:
-            cmds["aiperf"] = aiperf_cmd(a, exes["aiperf"], url, d, tok)
-        report = None
-        rounds.append({})
+            cmds["aiperf"] = aiperf_cmd(ca, exes["aiperf"], url, d, tok)
         order = names[rnd % len(names):] + names[:rnd % len(names)]  # who goes first rotates
+        done = run_round(ca, url, cmds, order, d, env, rnd)
+        report = json.loads((d / "guidellm.json").read_text()) if "guidellm" in exes else None
+        rs = {"labkit": labkit_requests(d)}
+        if report is not None:
+            rs["guidellm"] = guidellm_requests(report)
+        if "aiperf" in exes:
+            rs["aiperf"] = aiperf_requests(d)
+        window = common_window(rs) if a.simultaneous else None
+        rounds.append({})
         for name in order:
-            print(f"rate {a.rate:g}, round {rnd}, {name}: {' '.join(cmds[name])}", flush=True)
-            before = server_metrics(url)
-            # aiperf reads a local tokenizer dir only when HF's offline switch is off (offline, it looks
-            # for the name in the hub cache); a local path never reaches the hub either way
-            wall, cpu = run_cmd(cmds[name], d / f"{name}.log", env=env if name == "guidellm" else None)
-            sv = server_means(before, server_metrics(url))
-            if name == "guidellm":
-                report = json.loads((d / "guidellm.json").read_text())
-                rs = guidellm_requests(report)
-            elif name == "aiperf":
-                rs = aiperf_requests(d)
-            else:
-                rs = labkit_requests(d)
-            pooled[name] += rs
-            rounds[-1][name] = rs
-            runs.append({"round": rnd, "client": name, "wall_s": wall, "client_cpu_s": cpu, "server_means": sv,
-                         "client_means": {k: mean(rs, k) for k in ("ttft", "itl", "tpot", "e2e")}})
+            kept = in_window(rs[name], window) if window else rs[name]
+            sent[name] += rs[name]
+            pooled[name] += kept
+            rounds[-1][name] = kept
+            runs.append({"round": rnd, "client": name, **done[name], "compared": len(kept), "sent": len(rs[name]),
+                         "client_means": {k: mean(kept, k) for k in ("ttft", "itl", "tpot", "e2e")}})
         own.append(own_summaries(d, report))
     same = {k: common_table(pooled["labkit"], pooled[k]) for k in exes}
     headline = {}
     for k in exes:
         # the headline pairs each round's runs (see paired_p50_ratio); the pooled table stays for the record
         r_ttft, r_itl = paired_p50_ratio(rounds, k, "ttft"), paired_p50_ratio(rounds, k, "itl")
-        errors = sum(not r["ok"] for r in pooled[k])
+        errors = sum(not r["ok"] for r in sent[k])
         headline[k] = {"errors": errors, "ttft_p50_ratio": r_ttft, "itl_p50_ratio": r_itl,
                        "pooled_ttft_p50_ratio": same[k]["ttft"]["ratio"]["p50"],
                        "pooled_itl_p50_ratio": same[k]["itl"]["ratio"]["p50"],
                        "within": (errors == 0 and r_ttft is not None and r_itl is not None
                                   and abs(r_ttft - 1) <= a.headline_tolerance and abs(r_itl - 1) <= a.headline_tolerance)}
     return {
-        "config": {"url": url, "rate": a.rate, "arrival": a.arrival, "prompt_len": a.prompt_len,
+        "config": {"url": url, "rate": a.rate, "simultaneous": a.simultaneous, "client_rate": ca.rate,
+                   "arrival": a.arrival, "prompt_len": a.prompt_len,
                    "output_len": a.output_len, "requests": a.requests, "rounds": a.rounds, "warmup": a.warmup,
                    "order": a.order, "seed": a.seed, "guidellm_workers": a.guidellm_workers,
                    "aiperf_workers": a.aiperf_workers,
@@ -564,12 +655,12 @@ def compare(a: argparse.Namespace, url: str, exes: dict[str, str], tok: Path, tm
                    "headline_tolerance": a.headline_tolerance},
         "versions": {k: version(k, v) for k, v in exes.items()},
         "commands": cmds, "raw_dir": str(tmp),
-        "checks": {k: checks(k, v, a) for k, v in pooled.items()},
+        "checks": {k: checks(k, v, a) for k, v in sent.items()},
         "same_definition": same,
         "headline": headline,
         "runs": runs,
         "own_summary": own,
-        "server_e2e_spread": (lambda v: max(v) / min(v) if v else None)(
+        "server_e2e_spread": None if a.simultaneous else (lambda v: max(v) / min(v) if v else None)(
             [r["server_means"]["e2e"] for r in runs if r["server_means"] and r["server_means"]["e2e"]]),
         "within_tolerance": all(r is not None and abs(r - 1) <= a.tolerance
                                 for t in same.values() for k, _ in METRICS for r in t[k]["ratio"].values()),
@@ -580,9 +671,16 @@ def compare(a: argparse.Namespace, url: str, exes: dict[str, str], tok: Path, tm
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rate", default="4", help="requests/s, or a comma-separated sweep of rates (default 4)")
-    p.add_argument("--arrival", choices=("constant", "poisson"), default="constant",
-                   help="constant = evenly spaced (labkit 'uniform', guidellm/aiperf 'constant'); poisson (each "
-                        "draws its own)")
+    p.add_argument("--arrival", choices=("constant", "poisson"), default=None,
+                   help="constant = evenly spaced (labkit 'uniform', guidellm/aiperf 'constant'; the default); "
+                        "poisson (each draws its own; the default and the only choice with --simultaneous)")
+    p.add_argument("--simultaneous", action="store_true",
+                   help="run a round's clients at the same time, each at rate / (clients), so all meet the server "
+                        "at the same speed; compares the requests sent while all were sending")
+    p.add_argument("--startup-s", type=float, default=30.0,
+                   help="with --simultaneous: the clients start this many s apart at most (guidellm and aiperf "
+                        "take 15-20 s to import on 2 busy cores); each sends rate x this many requests more, so "
+                        "the window in which all send holds about --requests of each (default 30)")
     p.add_argument("--prompt-len", type=int, default=32, help="prompt tokens (default 32)")
     p.add_argument("--output-len", type=int, default=64, help="output tokens, exact via ignore_eos (default 64)")
     p.add_argument("--requests", type=int, default=100, help="requests per client per round (default 100)")
@@ -618,6 +716,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", default=None, help="keep the raw outputs (records, client JSON, logs) in this dir")
     p.add_argument("--json", default=None, help="write the comparison as JSON here")
     a = p.parse_args(argv)
+    if a.simultaneous and a.arrival == "constant":
+        # evenly spaced streams at equal rates keep the phase they start with: one client's requests would
+        # always arrive just after another's and wait for its prefill. Poisson arrivals see the server's
+        # time-average state (PASTA), the same for every client.
+        p.error("--arrival constant cannot go with --simultaneous: equal evenly spaced streams keep a fixed phase, "
+                "so one client would always queue behind another; use --arrival poisson (the default there)")
+    a.arrival = a.arrival or ("poisson" if a.simultaneous else "constant")
     rates = [float(r) for r in str(a.rate).split(",") if r.strip()]
     if not rates or min(rates) <= 0:
         p.error(f"--rate must be one or more positive requests/s, got {a.rate!r}")
@@ -641,6 +746,13 @@ def main(argv: list[str] | None = None) -> int:
     tmp.mkdir(parents=True, exist_ok=True)
     tok = tokenizer_dir(Path(tempfile.mkdtemp(prefix="cc_tok_")), Path(a.tokenizer))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    if a.arrival == "poisson" and a.guidellm_workers is None and "guidellm" in exes:
+        # guidellm 0.8.1's poisson strategy seeds a random.Random(seed) in each worker process and
+        # adds every draw to one shared clock, so with W workers each gap comes W times in a row
+        # (measured: 10 gaps of 1.40 s, then 10 of 1.07 s at 1.33 req/s): one worker draws a real
+        # Poisson process
+        a.guidellm_workers = 1
+        print("guidellm: 1 worker process (--guidellm-workers), since its poisson gaps repeat once per worker")
     if a.guidellm_workers:
         env["GUIDELLM__MAX_WORKER_PROCESSES"] = str(a.guidellm_workers)
 

@@ -139,7 +139,9 @@ def test_records_round_trip_through_jsonl(tmp_path):
 def test_open_loop_stream_timings_and_usage_against_the_stub():
     with StubServer(ttft_s=0.03, token_s=0.01) as srv:
         specs = arrivals.open_loop(12, 30.0, prompt_len=5, output_len=6, seed=0)
+        wall0 = time.time()
         res = client.run_load(srv.url, specs, max_duration_s=10, warmup=2)
+        wall1 = time.time()
     assert srv.started == 14 and srv.completed == 14
     assert len(res.measured) == 12 and sum(r.warmup for r in res.records) == 2
     assert {b["model"] for b in srv.bodies} == {"stub-model"}  # taken from GET /v1/models
@@ -151,6 +153,9 @@ def test_open_loop_stream_timings_and_usage_against_the_stub():
         assert r.send_s >= r.scheduled_s - 1e-3  # never early
     s = res.summary()
     assert s["completed"] == 12 and s["not_sent"] == 0 and s["e2e"]["p50"] >= 0.08 - 1e-3
+    # the wall-clock anchor other clients' records are lined up by: after the two warm-up requests
+    # (one at a time, each >= 80 ms at the stub), and no measured send after the run returned
+    assert s["started_unix"] >= wall0 + 2 * 0.08 - 1e-3 and all(s["started_unix"] + r.send_s <= wall1 for r in res.measured)
 
 
 def test_non_streaming_requests_have_e2e_and_usage_but_no_ttft():

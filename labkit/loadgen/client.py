@@ -90,7 +90,8 @@ class Target:
 class LoadResult:
     """A finished run: its records (warm-up included, flagged), how many specs were planned
     and how many were never sent (the duration bound was reached), wall time (s), and when it
-    started on the machine's monotonic clock (to line it up with a server's step trace)."""
+    started on the machine's monotonic clock (to line it up with a server's step trace) and on
+    the wall clock (to line it up with other clients' records, which carry wall-clock times)."""
 
     records: list[RequestRecord]
     planned: int
@@ -99,11 +100,13 @@ class LoadResult:
     mode: str
     users: int | None = None
     started: float | None = None  # time.monotonic() (s) when the measured requests started (send_s = 0)
+    started_unix: float | None = None  # time.time() (s) at that same moment
 
     def summary(self, slo: SLO | None = None) -> dict[str, Any]:
-        """`summarize` of the measured records, plus planned / not_sent / mode / users."""
+        """`summarize` of the measured records, plus planned / not_sent / mode / users / started_unix."""
         s = summarize(self.records, slo)
-        s.update(planned=self.planned, not_sent=self.not_sent, mode=self.mode, users=self.users)
+        s.update(planned=self.planned, not_sent=self.not_sent, mode=self.mode, users=self.users,
+                 started_unix=self.started_unix)
         return s
 
     @property
@@ -268,7 +271,7 @@ async def run_async(target: Target, specs: Sequence[RequestSpec], *, users: int 
         for i, spec in enumerate(specs[:warmup]):
             await send(session, target, dataclasses.replace(spec, id=-1 - i, at_s=None, cancel_after=None),
                        w0, seed=seed, warmup=True, records=records)
-        t0, started = time.perf_counter(), time.monotonic()
+        t0, started, started_unix = time.perf_counter(), time.monotonic(), time.time()
         tasks: list[asyncio.Task] = []
         sent = 0
         if users is None:
@@ -296,7 +299,7 @@ async def run_async(target: Target, specs: Sequence[RequestSpec], *, users: int 
             sent = sum(1 for r in records if not r.warmup)
         wall = time.perf_counter() - t0
     mode = "open" if users is None else "closed"
-    return LoadResult(records, len(specs), len(specs) - sent, wall, mode, users, started)
+    return LoadResult(records, len(specs), len(specs) - sent, wall, mode, users, started, started_unix)
 
 
 def run_sync(make_coro: Callable[[], Awaitable[T]]) -> T:
