@@ -5,6 +5,7 @@
     .venv/bin/python scripts/compare_clients.py --arrival poisson --rate 8 --guidellm /path/to/guidellm
     .venv/bin/python scripts/compare_clients.py --rate 1,2,4 --clients guidellm,aiperf   # a sweep of rates
     .venv/bin/python scripts/compare_clients.py --rounds 3 --json cmp.json     # the quiet-machine figure
+    .venv/bin/python scripts/compare_clients.py --simultaneous --rate 4 --rounds 3   # a noisy machine's figure
 
 The clients: `pip install -e ".[clients]"` (guidellm, aiperf; pinned in pyproject.toml) into a venv
 of their own (they pin versions of pyzmq, pillow, transformers... other than the workbook's), e.g.
@@ -98,12 +99,17 @@ load, not the client. --rounds K repeats the clients K times, rotating who goes 
 tables pool the rounds, and the headline ratios are the median over rounds of each round's
 client/labkit p50 (runs a minute apart, not minutes).
 
-Measurements of one shared, noisy machine: run it on a quiet one for the figure that counts.
-On the 2 shared cores where this was written, 4 req/s x 64 tokens is close to what the tiny
-server (1 thread) sustains, so its own mean TPOT swung 7-66 ms from run to run (queues grow,
-batches grow, steps slow down); the two clients then disagree by 2-4x in either direction
-while their client - server offsets stay within 5-20 ms of each other. Check the server
-columns before reading the ratios; --rounds 3 on a quiet machine, or a lower --rate.
+On one shared, noisy machine the runs of a round still meet the server at different speeds
+(this 2-core VM's speed moves 0.85-1.5x within seconds, and at 4 req/s x 64 tokens a request's
+E2E is about the gap between arrivals, so a small slow-down makes requests overlap and slows the
+server further). --simultaneous removes that: a round's clients run at the same time, each at
+rate / (clients), so the server's load is still the given rate; each draws Poisson arrivals
+(Poisson arrivals see the server's time-average state, the same for every client; evenly spaced
+streams at equal rates would keep their starting phase, one always queueing behind another, so
+--arrival constant is refused there). Their start-ups differ by up to ~20 s, during which the
+load is lighter and a starting client's imports take CPU from the server, so only the requests
+each client sent while all were sending (the common window, by wall-clock send times) are
+compared, and each sends rate x --startup-s more so the window holds about --requests of each.
 """
 
 from __future__ import annotations
@@ -248,7 +254,7 @@ def wait_cmd(run: dict[str, Any], timeout: float | None = None) -> tuple[float, 
     run["file"].close()
     if proc.returncode != 0:
         raise RuntimeError(f"{run['cmd'][0]} ... exited {proc.returncode}"
-                           + (f" (killed after {timeout:.0f} s)" if killed else "")
+                           + (f" (killed after {timeout:g} s)" if killed else "")
                            + f"; last lines of {run['log']}:\n" + run["log"].read_text()[-3000:])
     return time.perf_counter() - run["t0"], ru.ru_utime + ru.ru_stime
 
@@ -519,9 +525,11 @@ def print_report(res: dict[str, Any], tol: float) -> None:
             print(line)
     print(f"\nPer run: the server's own means (labkit serve /metrics, before/after each "
           f"{'round' if c['simultaneous'] else 'run'}) vs the client's means "
-          "(same definitions as above); ms.\n  The server column shows how fast the server was during that run; "
-          "client - server is what the client adds (network, event loop, stream tail);\n  client CPU: the cores the client's "
-          "processes used on average over its run, start-up included, which a machine of few cores takes from the server.")
+          "(same definitions as above); ms.\n  The server column shows how fast the server was during that "
+          f"{'round (all clients, start-ups included)' if c['simultaneous'] else 'run'};\n  "
+          "client - server is what the client adds (network, event loop, stream tail);\n  client CPU: the cores the "
+          "client's processes used on average over its run, start-up included, which a machine of few cores takes "
+          "from the server.")
     print(f"  {'round':<6}{'client':<9}{'srv TTFT':>9}{'cli TTFT':>9}{'srv TPOT':>9}{'cli TPOT':>9}"
           f"{'srv E2E':>9}{'cli E2E':>9}{'cli-srv E2E':>12}{'client CPU':>14}{'compared':>10}")
     for run in res["runs"]:
@@ -536,7 +544,8 @@ def print_report(res: dict[str, Any], tol: float) -> None:
               "it was not equally fast for every client,\n  so the client figures above differ by the server's "
               "speed, not the client; compare client - server, or re-run on a quiet machine / at a lower rate.")
     for r, own in enumerate(res["own_summary"]):
-        print(f"\nEach tool's own summary (its own definitions and percentile estimator), round {r}; ms")
+        print(f"\nEach tool's own summary (its own definitions and percentile estimator), round {r}"
+              f"{', whole runs (start-ups included)' if c['simultaneous'] else ''}; ms")
         for tool, rows in own.items():
             for name, v in rows.items():
                 if isinstance(v, dict):
